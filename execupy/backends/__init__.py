@@ -1,0 +1,1 @@
+"""Delegate backends. Each backend's runtime half registers itself here when imported."""

@@ -1,0 +1,1 @@
+"""Developer tools: program summaries, ETRecord/ETDump, Inspector, bundled programs."""

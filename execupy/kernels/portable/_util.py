@@ -1,0 +1,75 @@
+"""Helpers shared by the portable kernels: result writing and ATen type promotion."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+# numpy cannot do arithmetic in these natively (or does it slowly); compute in float32.
+_LOW_PRECISION = {np.dtype(np.float16)}
+try:
+    import ml_dtypes
+
+    _LOW_PRECISION |= {np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
+except ImportError:  # pragma: no cover
+    pass
+
+MAX_CREATED_ELEMENTS = 1 << 31  # creation kernels refuse to build larger tensors
+
+
+def write(out: np.ndarray, result: Any) -> np.ndarray:
+    """Finish a kernel: put `result` into `out` when the shapes agree, else return a new array.
+
+    Returning `out` itself tells the runtime nothing more is needed; a differently
+    shaped result (dynamic shapes) is copied into the tensor's planned storage by it.
+    """
+    if np.shape(result) == out.shape:
+        np.copyto(out, result, casting="unsafe")
+        return out
+    return np.asarray(result).astype(out.dtype, copy=False)
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or dtype in _LOW_PRECISION
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype to do arithmetic in for a result of `dtype` (float32 for half types)."""
+    return np.dtype(np.float32) if dtype in _LOW_PRECISION else dtype
+
+
+def as_compute(x: Any, dtype: np.dtype) -> Any:
+    """Cast an operand (array or Python scalar) to the compute dtype."""
+    if isinstance(x, np.ndarray):
+        return x if x.dtype == dtype else x.astype(dtype)
+    return np.asarray(x, dtype=dtype)
+
+
+def check_created(shape: Sequence[int]) -> tuple[int, ...]:
+    """Validate a requested tensor shape before allocating it (hostile programs)."""
+    shape = tuple(int(s) for s in shape)
+    n = 1
+    for s in shape:
+        if s < 0:
+            raise ValueError(f"negative size in {shape}")
+        n *= s
+    if n > MAX_CREATED_ELEMENTS:
+        raise ValueError(f"refusing to create a tensor of {n} elements")
+    return shape
+
+
+def norm_dim(dim: int, ndim: int) -> int:
+    """Wrap a possibly negative dim; rank-0 tensors accept dim 0 and -1 like ATen."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"dim {dim} out of range for a tensor of rank {ndim}")
+    return dim % n
+
+
+def norm_dims(dims: Optional[Sequence[int]], ndim: int) -> Optional[tuple[int, ...]]:
+    """None or empty -> None (all dims, ATen reduction convention)."""
+    if dims is None or len(dims) == 0:
+        return None
+    if ndim == 0:
+        return None
+    return tuple(sorted({norm_dim(d, ndim) for d in dims}))

@@ -1,0 +1,1 @@
+"""Quantize/dequantize and quantized compute kernels (quantized_decomposed::*)."""

@@ -1,0 +1,1 @@
+"""LLM support: models, checkpoint loaders, tokenizers, sampler, runner."""

@@ -1,0 +1,513 @@
+"""Method: one execution plan, bound once at load and executed many times.
+
+Loading does all the work: it allocates one zeroed arena per memory id, turns every
+planned tensor into a numpy view of its arena (constants into views of the file),
+checks every index and size against the file, and resolves each instruction into a
+small closure ("step") holding its kernel and its arguments. Arguments that cannot
+change between calls (static tensors, constant scalars) are baked into the step; only
+values written at run time (dynamic-shape tensors, symbolic ints, move targets) are
+read from the value table when the step runs. `execute` copies the inputs in, runs
+the steps and returns copies of the outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import (
+    ExecupyError,
+    InvalidInputError,
+    KernelError,
+    MalformedProgramError,
+    MissingBackendError,
+    UnsupportedOperatorError,
+)
+from ..schema import program as P
+from .registry import BackendContext, get_backend, get_kernel
+
+Step = Callable[[], Optional[int]]  # returns a jump destination, or None to fall through
+
+
+@dataclass
+class _Dynamic:
+    """Planned storage of a dynamic-shape tensor: its upper-bound bytes and shape."""
+
+    storage: np.ndarray  # uint8, upper-bound bytes
+    dtype: np.dtype
+    upper: tuple[int, ...]
+
+
+def _view(buf: np.ndarray, dtype: np.dtype, sizes: Sequence[int], dim_order: Sequence[int]) -> np.ndarray:
+    """A tensor view of raw bytes laid out in `dim_order` (outermost first)."""
+    physical = [sizes[d] for d in dim_order]
+    arr = buf.view(dtype).reshape(physical)
+    if list(dim_order) == list(range(len(dim_order))):
+        return arr
+    return arr.transpose(np.argsort(dim_order))
+
+
+def _numel(sizes: Sequence[int]) -> int:
+    n = 1
+    for s in sizes:
+        n *= s
+    return n
+
+
+class Method:
+    """An executable method of a Program. Create it with `Program.load_method(name)`."""
+
+    max_steps_per_call = 50_000_000  # bound on executed instructions when a plan has jumps
+
+    def __init__(self, program, plan: P.ExecutionPlan):
+        self.program = program
+        self.plan = plan
+        self.name = plan.name
+        self._plan_values = plan.values
+        self._check_backends()
+        n = len(plan.values)
+        self.values: list[Any] = [None] * n
+        self._dynamic: dict[int, _Dynamic] = {}
+        self._unplanned: set[int] = set()
+        self._allocated = 0
+        self._arenas = self._allocate_arenas(plan.non_const_buffer_sizes)
+        self._slots = self._runtime_written_values()
+        for i, v in enumerate(plan.values):
+            self.values[i] = self._materialize(i, v)
+        instructions = plan.chains[0].instructions if plan.chains else []
+        if len(plan.chains) > 1:
+            raise MalformedProgramError(f"method {self.name!r} has {len(plan.chains)} chains; only one is supported")
+        self._has_jumps = any(isinstance(ins, P.JumpFalseCall) for ins in instructions)
+        self._op_names: list[str] = []
+        self._steps: list[Step] = [self._bind(pc, ins) for pc, ins in enumerate(instructions)]
+        self._input_setters = [self._input_setter(k, i) for k, i in enumerate(plan.inputs)]
+        for i in plan.outputs:
+            self._check_index(i, "output")
+
+    # ------------------------------------------------------------------ loading
+
+    def _check_backends(self) -> None:
+        """A missing backend is reported before anything else: it is the actionable problem."""
+        from .registry import BACKENDS
+
+        for d in self.plan.delegates:
+            backend = get_backend(d.id)
+            if backend is None or not backend.is_available():
+                state = "not registered" if backend is None else "not available on this machine"
+                raise MissingBackendError(
+                    f"method {self.name!r} delegates to backend {d.id!r}, which is {state} in execupy "
+                    f"(registered backends: {sorted(BACKENDS) or 'none'})"
+                )
+
+    def _check_index(self, i: int, what: str) -> int:
+        if not isinstance(i, int) or not 0 <= i < len(self.values):
+            raise MalformedProgramError(
+                f"method {self.name!r}: {what} refers to value {i}, but the plan has {len(self.values)} values"
+            )
+        return i
+
+    def _allocate_arenas(self, sizes: list[int]) -> list[np.ndarray]:
+        arenas = []
+        for size in sizes[1:]:
+            if size < 0:
+                raise MalformedProgramError(f"method {self.name!r}: negative planned buffer size {size}")
+            self._budget(size, "planned memory")
+            arenas.append(np.zeros(size, np.uint8))
+        return arenas
+
+    def _budget(self, nbytes: int, what: str) -> None:
+        self._allocated += nbytes
+        limit = self.program.max_arena_bytes
+        if self._allocated > limit:
+            raise MalformedProgramError(
+                f"method {self.name!r}: {what} needs {self._allocated} bytes in all, over the limit of {limit} "
+                f"(raise Program.load(..., max_arena_bytes=N) if the program is genuine)"
+            )
+
+    def _runtime_written_values(self) -> set[int]:
+        """Values whose Python object may change during execute (read at call time)."""
+        plan = self.plan
+        slots: set[int] = set()
+        instructions = plan.chains[0].instructions if plan.chains else []
+        for ins in instructions:
+            if isinstance(ins, P.KernelCall) and ins.args:
+                ret = ins.args[-1]
+                if 0 <= ret < len(plan.values) and not isinstance(plan.values[ret], (P.Tensor, P.TensorList)):
+                    slots.add(ret)  # symbolic ints written by sym_size / executorch_prim ops
+            elif isinstance(ins, P.MoveCall):
+                slots.add(ins.move_to)
+        for i in plan.inputs:
+            if 0 <= i < len(plan.values) and not isinstance(plan.values[i], P.Tensor):
+                slots.add(i)
+        for i, v in enumerate(plan.values):
+            if isinstance(v, P.Tensor) and (v.shape_dynamism != 0 or (v.allocation_info is None and v.data_buffer_idx == 0)):
+                slots.add(i)
+        return slots
+
+    def _materialize(self, i: int, v: P.EValue) -> Any:
+        if isinstance(v, P.Tensor):
+            return self._tensor(i, v)
+        if isinstance(v, P.Int):
+            return v.int_val
+        if isinstance(v, P.Double):
+            return v.double_val
+        if isinstance(v, P.Bool):
+            return v.bool_val
+        if isinstance(v, P.String):
+            return v.string_val
+        if isinstance(v, P.Null):
+            return None
+        # Lists are resolved when instructions are bound (they point at other values).
+        return None
+
+    def _tensor(self, i: int, t: P.Tensor) -> np.ndarray:
+        where = f"method {self.name!r} value {i}"
+        if t.extra_tensor_info is not None and t.extra_tensor_info.location == P.TensorDataLocation.EXTERNAL:
+            raise MalformedProgramError(f"{where}: tensor data lives in an external .ptd file, which is not supported")
+        try:
+            dtype = P.numpy_dtype(t.scalar_type)
+        except KeyError:
+            raise MalformedProgramError(f"{where}: unsupported scalar type {t.scalar_type}") from None
+        sizes = list(t.sizes)
+        if any(s < 0 for s in sizes):
+            raise MalformedProgramError(f"{where}: negative size in {sizes}")
+        dim_order = list(t.dim_order) if t.dim_order else list(range(len(sizes)))
+        if sorted(dim_order) != list(range(len(sizes))):
+            raise MalformedProgramError(f"{where}: dim_order {list(t.dim_order)} does not fit sizes {sizes}")
+        if t.storage_offset != 0:
+            raise MalformedProgramError(f"{where}: storage_offset {t.storage_offset} is not supported (must be 0)")
+        nbytes = _numel(sizes) * dtype.itemsize
+
+        if t.allocation_info is not None:
+            mem, off = t.allocation_info.memory_id, t.allocation_info.offset
+            if not 1 <= mem <= len(self._arenas):
+                raise MalformedProgramError(f"{where}: memory_id {mem} but the plan has {len(self._arenas)} arenas")
+            arena = self._arenas[mem - 1]
+            if off + nbytes > arena.size:
+                raise MalformedProgramError(
+                    f"{where}: {nbytes} bytes at offset {off} overflow arena {mem} ({arena.size} bytes)"
+                )
+            buf = arena[off : off + nbytes]
+            if t.data_buffer_idx > 0:  # mutable buffer with a serialized initial value
+                buf[:] = np.frombuffer(self.program.mutable_initial_bytes(t, nbytes), np.uint8)
+            view = _view(buf, dtype, sizes, dim_order)
+            if t.shape_dynamism != 0:
+                self._dynamic[i] = _Dynamic(buf, dtype, tuple(sizes))
+            return view
+
+        if t.data_buffer_idx > 0:  # constant: a read-only view into the file
+            data = self.program.constant_bytes(t.data_buffer_idx, nbytes)
+            if nbytes == 0:
+                return np.zeros(sizes, dtype)
+            return _view(np.frombuffer(data, np.uint8), dtype, sizes, dim_order)
+
+        # Neither planned nor constant: caller-provided input, a None tensor, or an
+        # output whose memory the kernel provides (dynamic unbound).
+        self._unplanned.add(i)
+        self._budget(nbytes, "unplanned tensors")
+        return np.zeros(sizes, dtype)
+
+    # ------------------------------------------------------------------ binding
+
+    def _arg(self, i: int) -> tuple[bool, Any]:
+        """(is_static, value_or_getter) for argument value i."""
+        self._check_index(i, "an instruction argument")
+        v = self._plan_values[i]
+        values = self.values
+        if isinstance(v, P.IntList):
+            parts = [self._arg(self._check_list_item(j, i, P.Int)) for j in v.items]
+            return self._list_arg(parts, tuple)
+        if isinstance(v, (P.DoubleList, P.BoolList)):
+            return True, tuple(v.items)
+        if isinstance(v, P.TensorList):
+            parts = [self._arg(self._check_list_item(j, i, P.Tensor)) for j in v.items]
+            return self._list_arg(parts, list)
+        if isinstance(v, P.OptionalTensorList):
+            parts = [(True, None) if j == -1 else self._arg(self._check_list_item(j, i, P.Tensor)) for j in v.items]
+            return self._list_arg(parts, list)
+        if i in self._slots:
+            return False, lambda: values[i]
+        return True, values[i]
+
+    def _check_list_item(self, j: int, i: int, kind: type) -> int:
+        self._check_index(j, f"list value {i}")
+        if not isinstance(self._plan_values[j], kind):
+            raise MalformedProgramError(
+                f"method {self.name!r}: list value {i} refers to value {j}, which is not {kind.__name__}"
+            )
+        return j
+
+    @staticmethod
+    def _list_arg(parts: list, make: Callable) -> tuple[bool, Any]:
+        if all(static for static, _ in parts):
+            return True, make(p for _, p in parts)
+        getters = [(lambda p=p: p) if static else p for static, p in parts]
+        return False, lambda: make(g() for g in getters)
+
+    def _store_fn(self, ret: int) -> Callable[[Any], None]:
+        """How a kernel's result reaches value `ret`."""
+        self._check_index(ret, "an instruction result")
+        v = self._plan_values[ret]
+        values = self.values
+        if isinstance(v, P.TensorList):
+            stores = [self._store_fn(self._check_list_item(j, ret, P.Tensor)) for j in v.items]
+
+            def store_list(results):
+                if not isinstance(results, (list, tuple)) or len(results) != len(stores):
+                    raise KernelError(f"kernel returned {type(results).__name__}, expected {len(stores)} tensors")
+                for s, r in zip(stores, results):
+                    s(r)
+
+            return store_list
+        if not isinstance(v, P.Tensor):
+            def store_scalar(r):
+                values[ret] = r
+            return store_scalar
+        if ret in self._dynamic:
+            return lambda r: self._place_dynamic(ret, r)
+        if ret in self._unplanned:
+            dtype = P.numpy_dtype(v.scalar_type)
+            def store_unplanned(r):
+                values[ret] = np.asarray(r, dtype)
+            return store_unplanned
+
+        def store_static(r):
+            out = values[ret]
+            if r is not out:
+                if np.shape(r) != out.shape:
+                    raise KernelError(f"kernel produced shape {np.shape(r)}, planned shape is {out.shape}")
+                np.copyto(out, r, casting="unsafe")
+
+        return store_static
+
+    def _place_dynamic(self, i: int, r) -> None:
+        """Resize dynamic tensor i to r's shape inside its planned bytes and copy r in."""
+        d = self._dynamic[i]
+        r = np.asarray(r)
+        if r is self.values[i]:
+            return
+        shape = r.shape
+        if len(shape) != len(d.upper) or any(s > u for s, u in zip(shape, d.upper)):
+            raise KernelError(
+                f"value {i}: result shape {shape} exceeds the planned upper bound {d.upper}"
+            )
+        view = d.storage[: _numel(shape) * d.dtype.itemsize].view(d.dtype).reshape(shape)
+        np.copyto(view, r, casting="unsafe")
+        self.values[i] = view
+
+    def _bind(self, pc: int, ins: P.Instruction) -> Step:
+        if isinstance(ins, P.KernelCall):
+            return self._bind_kernel(pc, ins)
+        if isinstance(ins, P.DelegateCall):
+            return self._bind_delegate(pc, ins)
+        values = self.values
+        if isinstance(ins, P.MoveCall):
+            src, dst = self._check_index(ins.move_from, "move"), self._check_index(ins.move_to, "move")
+            self._op_names.append("MoveCall")
+
+            def move():
+                values[dst] = values[src]
+
+            return move
+        if isinstance(ins, P.JumpFalseCall):
+            cond = self._check_index(ins.cond_value_index, "jump condition")
+            dest = ins.destination_instruction
+            n = len(self.plan.chains[0].instructions)
+            if not 0 <= dest <= n:
+                raise MalformedProgramError(f"method {self.name!r}: jump at {pc} to {dest}, outside 0..{n}")
+            self._op_names.append("JumpFalseCall")
+            static, get = self._arg(cond)
+
+            def jump_false():
+                c = get if static else get()
+                if isinstance(c, np.ndarray):
+                    if c.dtype != np.bool_:
+                        raise KernelError(f"jump condition has dtype {c.dtype}, expected bool")
+                    c = bool(c.all())
+                return None if c else dest
+
+            return jump_false
+        if isinstance(ins, P.FreeCall):
+            self._check_index(ins.value_index, "free")
+            self._op_names.append("FreeCall")
+            return lambda: None
+        raise MalformedProgramError(f"method {self.name!r}: unknown instruction at {pc}")
+
+    def _bind_kernel(self, pc: int, ins: P.KernelCall) -> Step:
+        ops = self.plan.operators
+        if not 0 <= ins.op_index < len(ops):
+            raise MalformedProgramError(f"method {self.name!r}: instruction {pc} uses operator {ins.op_index}, "
+                                        f"but the plan lists {len(ops)}")
+        key = ops[ins.op_index].key
+        self._op_names.append(key)
+        fn = get_kernel(key)
+        if fn is None:
+            raise UnsupportedOperatorError(
+                f"operator {key} (method {self.name!r}, instruction {pc}) has no kernel in execupy; "
+                f"register one with execupy.runtime.register_kernel({key!r})"
+            )
+        if not ins.args:
+            raise MalformedProgramError(f"method {self.name!r}: instruction {pc} ({key}) has no arguments")
+        parts = [self._arg(a) for a in ins.args[:-1]]
+        store = self._store_fn(ins.args[-1])
+        if all(static for static, _ in parts):
+            args = tuple(p for _, p in parts)
+            ret = ins.args[-1]
+            out = self.values[ret]
+            if isinstance(self._plan_values[ret], P.Tensor) and ret not in self._slots:
+                def call_static_out():  # the common case: write into a planned buffer
+                    r = fn(*args)
+                    if r is not out:
+                        store(r)
+                return call_static_out
+
+            def call_static():
+                store(fn(*args))
+
+            return call_static
+        resolved = [(static, p) for static, p in parts]
+
+        def call_dynamic():
+            store(fn(*[p if static else p() for static, p in resolved]))
+
+        return call_dynamic
+
+    def _bind_delegate(self, pc: int, ins: P.DelegateCall) -> Step:
+        delegates = self.plan.delegates
+        if not 0 <= ins.delegate_index < len(delegates):
+            raise MalformedProgramError(f"method {self.name!r}: delegate index {ins.delegate_index} out of range")
+        d = delegates[ins.delegate_index]
+        self._op_names.append(f"delegate:{d.id}")
+        backend = get_backend(d.id)
+        payload = self.program.delegate_payload(d.processed)
+        try:
+            handle = backend.init(payload, d.compile_specs, BackendContext(self.program.named_data))
+        except ExecupyError:
+            raise
+        except Exception as e:
+            raise MalformedProgramError(f"backend {d.id!r} rejected its payload: {type(e).__name__}: {e}") from e
+        parts = [self._arg(a) for a in ins.args]
+        stores = [self._store_fn(a) if isinstance(self._plan_values[a], P.Tensor) else None for a in ins.args]
+
+        def call_delegate():
+            args = [p if static else p() for static, p in parts]
+            outs = backend.execute(handle, args)
+            if outs is not None:
+                for s, r in zip(stores[len(stores) - len(outs):], outs):
+                    s(r)
+
+        return call_delegate
+
+    # ------------------------------------------------------------------ inputs
+
+    def _input_setter(self, k: int, i: int) -> Callable[[Any], None]:
+        self._check_index(i, f"input {k}")
+        v = self._plan_values[i]
+        values = self.values
+        if not isinstance(v, P.Tensor):
+            expected = self.values[i]
+
+            def set_scalar(x):
+                if isinstance(expected, float) and isinstance(x, (int, float)) and not isinstance(x, bool):
+                    same = abs(float(x) - expected) <= 1e-6 * max(1.0, abs(expected))
+                else:
+                    same = type(x) is type(expected) and x == expected
+                if not same:
+                    raise InvalidInputError(
+                        f"input {k} must be {expected!r}: non-tensor inputs are fixed when the program is exported"
+                    )
+
+            return set_scalar
+        dtype = P.numpy_dtype(v.scalar_type)
+        upper = tuple(v.sizes)
+
+        def check(x) -> np.ndarray:
+            arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+            if arr.dtype != dtype:
+                raise InvalidInputError(f"input {k} has dtype {arr.dtype}, but method {self.name!r} expects {dtype}")
+            if arr.ndim != len(upper):
+                raise InvalidInputError(
+                    f"input {k} has shape {arr.shape} (rank {arr.ndim}); method {self.name!r} expects rank "
+                    f"{len(upper)}, shape {upper}"
+                )
+            return arr
+
+        if i in self._dynamic:
+            def set_dynamic(x):
+                arr = check(x)
+                if any(s > u for s, u in zip(arr.shape, upper)):
+                    raise InvalidInputError(
+                        f"input {k} has shape {arr.shape}, beyond the upper bound {upper} the program was exported with"
+                    )
+                self._place_dynamic(i, arr)
+            return set_dynamic
+
+        def set_static(x):
+            arr = check(x)
+            if arr.shape != upper:
+                raise InvalidInputError(f"input {k} has shape {arr.shape}, method {self.name!r} expects {upper}")
+            if i in self._unplanned:
+                values[i] = arr
+            else:
+                np.copyto(values[i], arr)
+
+        return set_static
+
+    # ------------------------------------------------------------------ execution
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.plan.inputs)
+
+    def execute(self, inputs: Sequence[Any] = ()) -> list[Any]:
+        """Run the method on positional inputs; returns the flat list of outputs (copies)."""
+        if len(inputs) != len(self._input_setters):
+            raise InvalidInputError(
+                f"method {self.name!r} takes {len(self._input_setters)} inputs, got {len(inputs)}"
+            )
+        for setter, x in zip(self._input_setters, inputs):
+            setter(x)
+        pc = 0
+        try:
+            if self._has_jumps:
+                self._run_with_jumps()
+            else:
+                for pc, step in enumerate(self._steps):
+                    step()
+        except ExecupyError as e:
+            if isinstance(e, KernelError) and not str(e).startswith("method "):
+                raise KernelError(f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}): {e}") from e
+            raise
+        except Exception as e:
+            raise KernelError(
+                f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}) failed: {type(e).__name__}: {e}"
+            ) from e
+        return [self._output(i) for i in self.plan.outputs]
+
+    def _run_with_jumps(self) -> None:
+        steps, n = self._steps, len(self._steps)
+        pc, budget = 0, self.max_steps_per_call
+        while pc < n:
+            budget -= 1
+            if budget < 0:
+                raise KernelError(f"method {self.name!r} ran more than {self.max_steps_per_call} instructions; "
+                                  f"the program's jumps do not terminate")
+            try:
+                dest = steps[pc]()
+            except ExecupyError:
+                raise
+            except Exception as e:
+                raise KernelError(
+                    f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}) failed: {type(e).__name__}: {e}"
+                ) from e
+            pc = pc + 1 if dest is None else dest
+
+    def _output(self, i: int) -> Any:
+        v = self.values[i]
+        if isinstance(v, np.ndarray):
+            return v.copy()
+        return v
+
+    def __repr__(self) -> str:
+        return f"<Method {self.name!r}: {len(self.plan.inputs)} inputs, {len(self._steps)} instructions>"

@@ -1,0 +1,180 @@
+"""Program: a loaded `.pte` file. Validates the file once and hands out Methods."""
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+from ..errors import MalformedProgramError
+from ..schema import program as P
+from ..schema.reader import PteFile, read_pte
+
+# Refuse to allocate planned memory beyond this (bytes); hostile files cannot ask for more.
+DEFAULT_MAX_ARENA_BYTES = int(os.environ.get("EXECUPY_MAX_ARENA_BYTES", 16 << 30))
+
+
+@dataclass
+class TensorInfo:
+    dtype: np.dtype
+    shape: tuple[int, ...]  # upper bounds when dynamic
+    dynamic: bool
+    dim_order: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass
+class ScalarInfo:
+    kind: str  # "int" | "float" | "bool" | "str" | "none" | "list"
+    value: object
+
+
+@dataclass
+class MethodMeta:
+    name: str
+    inputs: list[Union[TensorInfo, ScalarInfo]]
+    outputs: list[Union[TensorInfo, ScalarInfo]]
+    planned_buffer_sizes: list[int]  # one per arena (memory id 1, 2, ...)
+    num_instructions: int
+    operators: list[str]
+    backends: list[str]
+
+
+def value_info(value: P.EValue) -> Union[TensorInfo, ScalarInfo]:
+    if isinstance(value, P.Tensor):
+        try:
+            dtype = P.numpy_dtype(value.scalar_type)
+        except KeyError:
+            raise MalformedProgramError(f"unsupported scalar type {value.scalar_type}") from None
+        return TensorInfo(dtype, tuple(value.sizes), value.shape_dynamism != 0, tuple(value.dim_order))
+    kinds = {P.Int: ("int", "int_val"), P.Double: ("float", "double_val"), P.Bool: ("bool", "bool_val"),
+             P.String: ("str", "string_val")}
+    if type(value) in kinds:
+        kind, attr = kinds[type(value)]
+        return ScalarInfo(kind, getattr(value, attr))
+    if isinstance(value, P.Null):
+        return ScalarInfo("none", None)
+    return ScalarInfo("list", list(getattr(value, "items", [])))
+
+
+class Program:
+    """A `.pte` program, mapped from a file or held in memory.
+
+    >>> program = Program.load("model.pte")
+    >>> method = program.load_method("forward")
+    >>> outputs = method.execute([x])
+    """
+
+    def __init__(self, pte: PteFile, max_arena_bytes: int = DEFAULT_MAX_ARENA_BYTES, _keepalive=None):
+        self.pte = pte
+        self.program = pte.program
+        self.max_arena_bytes = max_arena_bytes
+        self._keepalive = _keepalive  # the mmap and file that constants point into
+        self._plans = {plan.name: plan for plan in self.program.execution_plan}
+        self._constant_cache: dict[int, memoryview] = {}
+
+    @classmethod
+    def load(cls, source: Union[str, os.PathLike, bytes, bytearray, memoryview], **kwargs) -> "Program":
+        """Load from a path (memory-mapped, zero-copy) or from bytes."""
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return cls(read_pte(source), **kwargs)
+        path = Path(source)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise MalformedProgramError(f"{path} is empty")
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return cls(read_pte(mm), _keepalive=mm, **kwargs)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def method_names(self) -> list[str]:
+        return [plan.name for plan in self.program.execution_plan]
+
+    def plan(self, name: str) -> P.ExecutionPlan:
+        try:
+            return self._plans[name]
+        except KeyError:
+            raise KeyError(f"program has no method {name!r}; methods: {self.method_names}") from None
+
+    def method_meta(self, name: str) -> MethodMeta:
+        plan = self.plan(name)
+        vals = plan.values
+
+        def info(i: int):
+            if not 0 <= i < len(vals):
+                raise MalformedProgramError(f"method {name!r}: value index {i} out of range")
+            return value_info(vals[i])
+
+        instructions = plan.chains[0].instructions if plan.chains else []
+        return MethodMeta(
+            name=name,
+            inputs=[info(i) for i in plan.inputs],
+            outputs=[info(i) for i in plan.outputs],
+            planned_buffer_sizes=list(plan.non_const_buffer_sizes[1:]),
+            num_instructions=len(instructions),
+            operators=[op.key for op in plan.operators],
+            backends=[d.id for d in plan.delegates],
+        )
+
+    def load_method(self, name: str = "forward") -> "Method":
+        from .method import Method
+
+        return Method(self, self.plan(name))
+
+    # ------------------------------------------------------------------ data access
+
+    def constant_bytes(self, data_buffer_idx: int, nbytes: int) -> memoryview:
+        """The bytes of constant entry `data_buffer_idx` (1-based), checked against the file."""
+        prog = self.program
+        if prog.constant_buffer and len(prog.constant_buffer) > 1:  # legacy inline form
+            if not 0 < data_buffer_idx < len(prog.constant_buffer):
+                raise MalformedProgramError(f"constant buffer index {data_buffer_idx} out of range")
+            data = prog.constant_buffer[data_buffer_idx]
+            if nbytes > len(data):
+                raise MalformedProgramError(f"constant {data_buffer_idx} holds {len(data)} bytes, tensor needs {nbytes}")
+            return data[:nbytes]
+        seg = prog.constant_segment
+        if seg is None:
+            raise MalformedProgramError("program has constant tensors but no constant segment")
+        return self._subsegment(seg, data_buffer_idx, nbytes, "constant")
+
+    def mutable_initial_bytes(self, tensor: P.Tensor, nbytes: int) -> memoryview:
+        idx = tensor.extra_tensor_info.mutable_data_segments_idx if tensor.extra_tensor_info else 0
+        segs = self.program.mutable_data_segments or []
+        if not 0 <= idx < len(segs):
+            raise MalformedProgramError(f"mutable data segment list {idx} does not exist")
+        return self._subsegment(segs[idx], tensor.data_buffer_idx, nbytes, "mutable buffer initial value")
+
+    def _subsegment(self, seg: P.SubsegmentOffsets, idx: int, nbytes: int, what: str) -> memoryview:
+        if not 0 < idx < len(seg.offsets):
+            raise MalformedProgramError(f"{what} index {idx} out of range (segment lists {len(seg.offsets)})")
+        data = self.pte.segment(seg.segment_index)
+        start = seg.offsets[idx]
+        if start + nbytes > len(data):
+            raise MalformedProgramError(
+                f"{what} {idx} at offset {start} needs {nbytes} bytes; its segment holds {len(data)}"
+            )
+        return data[start : start + nbytes]
+
+    def delegate_payload(self, ref: P.BackendDelegateDataReference) -> memoryview:
+        if ref.location == P.DataLocation.INLINE:
+            if not 0 <= ref.index < len(self.program.backend_delegate_data):
+                raise MalformedProgramError(f"inline delegate data index {ref.index} out of range")
+            return self.program.backend_delegate_data[ref.index]
+        if ref.location == P.DataLocation.SEGMENT:
+            return self.pte.segment(ref.index)
+        raise MalformedProgramError(f"unknown delegate data location {ref.location}")
+
+    def named_data(self, key: str) -> memoryview:
+        for entry in self.program.named_data or []:
+            if entry.key == key:
+                return self.pte.segment(entry.segment_index)
+        raise MalformedProgramError(f"named data {key!r} not found in program")

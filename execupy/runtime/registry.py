@@ -1,0 +1,101 @@
+"""Kernel and backend registries: plain dicts keyed by ExecuTorch names.
+
+Kernel calling convention (the whole contract between runtime and kernels):
+
+* A kernel is registered under the operator key of its out variant, exactly as the
+  program names it: `aten::add.out`, `aten::topk.values`, `aten::copy_`,
+  `executorch_prim::add.Scalar`.
+* It is called with every argument of the instruction except the last one, which is
+  the return slot. Arguments arrive as Python/numpy objects: Tensor -> np.ndarray
+  (current shape), Int -> int, Double -> float, Bool -> bool, Null -> None,
+  String -> str, IntList -> tuple[int], DoubleList/BoolList -> tuple,
+  TensorList -> list[np.ndarray], OptionalTensorList -> list[np.ndarray | None].
+* It returns the result: an array for one output, a tuple/list of arrays for several
+  (TensorList return), a Python scalar for symbolic-int ops.
+* It should write into the planned `out` array and return that very object when the
+  result has out's shape (this is the allocation-free fast path). When the shape
+  differs (dynamic shapes) it returns a new array, and the runtime copies it into the
+  tensor's planned storage after checking its upper bound. Correctness never depends
+  on a kernel writing in place; speed does.
+* Constant tensors are read-only views into the program file: never write into an input.
+
+A later, faster kernel library overrides an entry by registering the same key again
+(`override=True`); lookups are by key alone, dtypes are checked by the kernels.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Protocol
+
+Kernel = Callable[..., Any]
+
+KERNELS: dict[str, Kernel] = {}
+_loaded = False
+
+
+def register_kernel(*keys: str, override: bool = False) -> Callable[[Kernel], Kernel]:
+    """Decorator: register `fn` under one or more operator keys."""
+
+    def wrap(fn: Kernel) -> Kernel:
+        for key in keys:
+            if key in KERNELS and not override and KERNELS[key] is not fn:
+                raise ValueError(f"kernel {key} registered twice ({KERNELS[key].__module__} and {fn.__module__})")
+            KERNELS[key] = fn
+        return fn
+
+    return wrap
+
+
+def _load_builtin_kernels() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from .. import kernels  # noqa: F401  (registers on import)
+
+
+def get_kernel(key: str) -> Optional[Kernel]:
+    _load_builtin_kernels()
+    return KERNELS.get(key)
+
+
+def kernel_names() -> list[str]:
+    _load_builtin_kernels()
+    return sorted(KERNELS)
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+class Backend(Protocol):
+    """A delegate runtime. `init` runs once per method load, `execute` per call."""
+
+    def is_available(self) -> bool: ...
+
+    def init(self, processed: memoryview, compile_specs: list, context: "BackendContext") -> Any: ...
+
+    def execute(self, handle: Any, args: list) -> Optional[list]:
+        """`args` are the DelegateCall's values (inputs, then outputs). Return the outputs
+        (they are stored into the trailing output slots) or None after writing them in place."""
+        ...
+
+
+class BackendContext:
+    """What a backend may ask of the program at init time."""
+
+    def __init__(self, named_data: Callable[[str], memoryview]):
+        self.named_data = named_data
+
+
+BACKENDS: dict[str, Backend] = {}
+_backends_loaded = False
+
+
+def register_backend(backend_id: str, backend: Backend) -> None:
+    BACKENDS[backend_id] = backend
+
+
+def get_backend(backend_id: str) -> Optional[Backend]:
+    global _backends_loaded
+    if not _backends_loaded:
+        _backends_loaded = True
+        from .. import backends  # noqa: F401  (built-in backends register on import)
+    return BACKENDS.get(backend_id)
