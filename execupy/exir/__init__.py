@@ -1,1 +1,14 @@
-"""Ahead-of-time compiler: capture, edge dialect, passes, memory planning, emit (needs torch)."""
+"""Ahead-of-time compiler: capture, edge dialect, passes, memory planning, emit (needs torch).
+
+    from torch.export import export
+    from execupy.exir import to_edge
+    prog = to_edge(export(model, (x,))).to_executorch()
+    prog.save("model.pte")
+"""
+from .edge import EdgeCompileConfig  # noqa: F401
+from .program import (  # noqa: F401
+    EdgeProgramManager,
+    ExecutorchBackendConfig,
+    ExecutorchProgramManager,
+    to_edge,
+)

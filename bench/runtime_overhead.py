@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Per-instruction overhead of execupy's runtime beside ExecuTorch's own, on the same .pte.
+
+The program is a chain of N tiny ops (x = x * a; x = x + b; ... on 4-element float32
+tensors), so the time per call is almost all dispatch: fetching arguments, calling the
+kernel, storing the result. Both runtimes run the very same file.
+
+    .venv/bin/python bench/runtime_overhead.py [--sizes 200,500,1000] [--repeat 200] [--keep DIR]
+
+Steps:
+1. In ExecuTorch's reference venv (~/.cache/execupy-reference, see
+   ../shared/tools/reference_run.py; override with $EXECUPY_REFERENCE_VENV) this same
+   file runs with `--reference-worker`: it exports each chain with torch.export ->
+   to_edge -> to_executorch and times `_load_for_executorch(...).run_method` on it.
+   That is a separate process: execupy itself never imports executorch.
+2. Here, execupy's runtime loads the same files and times `Method.execute`.
+3. It prints, per size, the instructions in the plan, us/instruction (median time per
+   call / instructions) for each runtime and their ratio, plus the marginal cost per
+   instruction (slope of a line fit over the sizes, which removes the fixed per-call
+   cost such as input copies and the pybind conversion).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+ELEMENTS = 4
+
+
+def _inputs() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(ELEMENTS).astype(np.float32)
+    a = np.full(ELEMENTS, 0.9, np.float32)  # |x| converges towards b / (1 - a): no overflow however long
+    b = np.full(ELEMENTS, 0.1, np.float32)
+    return [x, a, b]
+
+
+def time_calls(call: Callable[[], object], repeat: int) -> float:
+    """Median seconds per call over batches (after a warm-up), robust to a busy machine."""
+    for _ in range(3):
+        call()
+    batch = max(1, repeat // 10)
+    samples = []
+    for _ in range(max(1, repeat // batch)):
+        start = time.perf_counter()
+        for _ in range(batch):
+            call()
+        samples.append((time.perf_counter() - start) / batch)
+    return statistics.median(samples)
+
+
+# ---------------------------------------------------------------------------- reference side
+
+
+def reference_worker(sizes: list[int], directory: Path, repeat: int) -> dict:
+    """Runs inside the reference venv: export each chain, time ExecuTorch's runtime on it."""
+    import torch
+    from executorch.exir import to_edge
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    class Chain(torch.nn.Module):
+        def __init__(self, n: int):
+            super().__init__()
+            self.n = n
+
+        def forward(self, x, a, b):
+            for _ in range(self.n // 2):
+                x = x * a
+                x = x + b
+            return x
+
+    inputs = tuple(torch.from_numpy(v) for v in _inputs())
+    out = {}
+    for n in sizes:
+        path = directory / f"chain_{n}.pte"
+        if not path.exists():
+            program = to_edge(torch.export.export(Chain(n), inputs)).to_executorch()
+            path.write_bytes(program.buffer)
+        module = _load_for_executorch(str(path))
+        result = module.run_method("forward", inputs)[0].numpy()
+        seconds = time_calls(lambda: module.run_method("forward", inputs), repeat)
+        out[n] = {"path": str(path), "seconds_per_call": seconds, "output": result.tolist()}
+    return out
+
+
+def run_reference(sizes: list[int], directory: Path, repeat: int) -> dict:
+    venv = Path(os.environ.get("EXECUPY_REFERENCE_VENV", Path.home() / ".cache" / "execupy-reference"))
+    python = venv / "bin" / "python"
+    if not python.exists():
+        sys.exit(f"no reference venv at {venv}: run ../shared/tools/reference_run.py once to create it")
+    proc = subprocess.run(
+        [str(python), __file__, "--reference-worker", "--sizes", ",".join(map(str, sizes)),
+         "--repeat", str(repeat), "--keep", str(directory)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"reference worker failed:\n{proc.stderr[-3000:]}")
+    return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+
+
+# ---------------------------------------------------------------------------- our side
+
+
+def run_ours(path: str, repeat: int) -> tuple[int, float, np.ndarray]:
+    sys.path.insert(0, str(REPO))
+    from execupy.runtime import Program
+
+    method = Program.load(path).load_method("forward")
+    inputs = _inputs()
+    result = method.execute(inputs)[0]
+    instructions = Program.load(path).method_meta("forward").num_instructions
+    return instructions, time_calls(lambda: method.execute(inputs), repeat), result
+
+
+def slope(xs: list[int], ys: list[float]) -> float:
+    return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0]) if len(xs) > 1 else ys[0] / xs[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="200,500,1000", help="chain lengths (ops per program), comma-separated")
+    parser.add_argument("--repeat", type=int, default=200, help="timed calls per size and runtime")
+    parser.add_argument("--keep", help="directory for the .pte files (default: a temporary one)")
+    parser.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    if args.reference_worker:
+        print(json.dumps(reference_worker(sizes, Path(args.keep), args.repeat)))
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(args.keep or tmp)
+        directory.mkdir(parents=True, exist_ok=True)
+        reference = run_reference(sizes, directory, args.repeat)
+        rows = []
+        for n in sizes:
+            instructions, ours, result = run_ours(reference[n]["path"], args.repeat)
+            expected = np.asarray(reference[n]["output"], np.float32)
+            if not np.allclose(result, expected, rtol=1e-5, atol=1e-6):
+                sys.exit(f"chain {n}: outputs differ between runtimes: {result} vs {expected}")
+            rows.append((instructions, ours, reference[n]["seconds_per_call"]))
+
+    print(f"runtime overhead: chains of tiny ops on {ELEMENTS}-element float32 tensors, "
+          f"median of {args.repeat} calls each")
+    print(f"{'instructions':>12}  {'us/instr ours':>14}  {'us/instr ExecuTorch':>19}  {'ratio':>7}")
+    for instructions, ours, ref in rows:
+        o, r = 1e6 * ours / instructions, 1e6 * ref / instructions
+        print(f"{instructions:>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x")
+    counts = [r[0] for r in rows]
+    o, r = 1e6 * slope(counts, [r[1] for r in rows]), 1e6 * slope(counts, [r[2] for r in rows])
+    print(f"{'marginal':>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x")
+
+
+if __name__ == "__main__":
+    main()

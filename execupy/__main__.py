@@ -1,0 +1,7 @@
+"""`python -m execupy`: the execupy command line (see execupy/cli.py)."""
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

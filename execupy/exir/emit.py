@@ -1,0 +1,456 @@
+"""Emission: an edge ExportedProgram -> an ExecutionPlan (pte-format §3).
+
+`MethodEmitter` walks the graph once, in node order, appending values (§3.3) and
+instructions (§3.6) as it meets them: placeholders first (constants, mutable state,
+user inputs), then for every call its output tensors, its argument values and one
+KernelCall on its out variant. Mutated buffers are written back with `aten::copy_` at
+the end of the chain (§3.11); `torch.cond` is inlined with jumps and moves (§3.12).
+Planned tensors get a `Storage` whose lifetime is recorded as instructions are
+written; memory_planning places them once the chain is complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import operator
+import warnings
+from typing import Any, Optional, Sequence, Union
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from ..errors import ExportError
+from ..schema import program as P
+from . import memory_planning as mp
+from .passes import (
+    ASSERT_OPS,
+    SYM_OPS,
+    resolve_out_variant,
+    sym_upper_bound,
+    unsupported,
+)
+
+ST = P.ScalarType
+SCALAR_TYPES: dict[torch.dtype, int] = {
+    torch.uint8: ST.BYTE, torch.int8: ST.CHAR, torch.int16: ST.SHORT, torch.int32: ST.INT,
+    torch.int64: ST.LONG, torch.float16: ST.HALF, torch.float32: ST.FLOAT, torch.float64: ST.DOUBLE,
+    torch.bool: ST.BOOL, torch.bfloat16: ST.BFLOAT16, torch.uint16: ST.UINT16, torch.uint32: ST.UINT32,
+    torch.uint64: ST.UINT64, torch.float8_e4m3fn: ST.FLOAT8_E4M3FN, torch.float8_e5m2: ST.FLOAT8_E5M2,
+}
+MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1}
+
+
+def scalar_type(dtype: torch.dtype) -> int:
+    try:
+        return SCALAR_TYPES[dtype]
+    except KeyError:
+        raise ExportError(f"dtype {dtype} cannot be stored in a .pte program") from None
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """Raw contiguous bytes of a real tensor, any dtype."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def treespec_json(spec: pytree.TreeSpec) -> str:
+    """torch's JSON pytree serialization, as the reference stores it (§3.8)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pytree.treespec_dumps(spec)
+
+
+class DataList:
+    """A program-wide list of data blobs, entry 0 reserved (§1.5, §1.6)."""
+
+    def __init__(self, dedup: bool):
+        self.blobs: list[bytes] = []
+        self._index: dict[bytes, int] = {}
+        self._dedup = dedup
+
+    def add(self, data: bytes) -> int:
+        """1-based `data_buffer_idx` of data (the same bytes share one entry if deduplicating)."""
+        key = hashlib.sha256(data).digest()
+        if self._dedup and key in self._index:
+            return self._index[key]
+        self.blobs.append(data)
+        self._index.setdefault(key, len(self.blobs))
+        return len(self.blobs)
+
+
+Env = dict  # fx.Node -> value index (or list of value indices for multi-output nodes)
+
+
+class MethodEmitter:
+    """Emit one ExportedProgram (already in edge form) as the ExecutionPlan `name`."""
+
+    def __init__(self, name: str, ep: ExportedProgram, constants: DataList, mutable: DataList):
+        self.name = name
+        self.ep = ep
+        self.constants = constants
+        self.mutable = mutable
+        self.values: list[P.EValue] = []
+        self.instructions: list[P.Instruction] = []
+        self.operators: list[P.Operator] = []
+        self._op_index: dict[tuple[str, str], int] = {}
+        self.storages: dict[int, mp.Storage] = {}  # value index -> planned storage
+        self.ranges = dict(ep.range_constraints)
+
+    # ------------------------------------------------------------------ values
+
+    def _add(self, value: P.EValue) -> int:
+        self.values.append(value)
+        return len(self.values) - 1
+
+    def _sizes(self, val: torch.Tensor) -> tuple[list[int], int]:
+        sizes = [sym_upper_bound(s, self.ranges) for s in val.shape]
+        dynamic = any(not isinstance(s, int) for s in val.shape)
+        return sizes, (P.TensorShapeDynamism.DYNAMIC_BOUND if dynamic else P.TensorShapeDynamism.STATIC)
+
+    def _tensor(self, val: torch.Tensor, *, planned: bool, data_idx: int = 0) -> int:
+        sizes, dynamism = self._sizes(val)
+        t = P.Tensor(
+            scalar_type=scalar_type(val.dtype), sizes=sizes, dim_order=list(range(len(sizes))),
+            requires_grad=bool(val.requires_grad), data_buffer_idx=data_idx, shape_dynamism=dynamism,
+        )
+        idx = self._add(t)
+        if planned:
+            numel = 1
+            for s in sizes:
+                numel *= s
+            self.storages[idx] = mp.Storage(numel * val.element_size(), tensors=[t])
+        return idx
+
+    def _constant(self, tensor: torch.Tensor) -> int:
+        return self._tensor(tensor, planned=False, data_idx=self.constants.add(tensor_bytes(tensor)))
+
+    def _scalar(self, v: Any) -> int:
+        if isinstance(v, bool):
+            return self._add(P.Bool(v))
+        if isinstance(v, int):
+            return self._add(P.Int(v))
+        if isinstance(v, float):
+            return self._add(P.Double(v))
+        if isinstance(v, str):
+            return self._add(P.String(v))
+        if isinstance(v, torch.dtype):
+            return self._add(P.Int(scalar_type(v)))
+        if isinstance(v, torch.layout):
+            return self._add(P.Int(0 if v == torch.strided else 1))
+        if isinstance(v, torch.memory_format):
+            return self._add(P.Int(MEMORY_FORMATS.get(v, 0)))
+        if v is None:
+            return self._add(P.Null())
+        raise ExportError(f"cannot encode argument {v!r} of type {type(v).__name__}")
+
+    def _placeholder_scalar(self, val: Any) -> int:
+        """A value a symbolic op overwrites at run time (§3.6: Int 0 / Bool false / Double 0.0)."""
+        if isinstance(val, (torch.SymBool, bool)):
+            return self._add(P.Bool(False))
+        if isinstance(val, (torch.SymFloat, float)):
+            return self._add(P.Double(0.0))
+        return self._add(P.Int(0))
+
+    def _lift(self, number: Any, node: torch.fx.Node) -> int:
+        """A Python number given for a Tensor argument becomes a 0-dim constant tensor,
+        typed as torch would promote it against the node's other tensor arguments."""
+        tensors = [a.meta["val"] for a in node.args
+                   if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+        ref = ([t for t in tensors if t.dtype != torch.bool] or tensors or [None])[0]
+        if ref is None:
+            dtype = torch.tensor(number).dtype
+        else:
+            dtype = torch.result_type(torch.empty((1,), dtype=ref.dtype), number)
+        return self._constant(torch.tensor(number, dtype=dtype))
+
+    def _arg(self, v: Any, jit_type: Any, env: Env, node: torch.fx.Node) -> int:
+        """Value index for one argument, creating values for non-node arguments (§3.6)."""
+        if isinstance(jit_type, torch.OptionalType):
+            if v is None:
+                return self._add(P.Null())
+            jit_type = jit_type.getElementType()
+        if isinstance(v, torch.fx.Node):
+            idx = env[v]
+            if isinstance(idx, list):
+                raise unsupported(node, f"takes the multi-output node {v.name} as one argument")
+            return idx
+        if isinstance(jit_type, torch.TensorType):
+            if v is None:  # None for a plain Tensor argument: an empty tensor (§3.6)
+                return self._add(P.Tensor(scalar_type=ST.BYTE, sizes=[0], dim_order=[0]))
+            if isinstance(v, (int, float, bool)):
+                return self._lift(v, node)
+        if isinstance(v, (list, tuple)):
+            return self._list_arg(list(v), jit_type, env, node)
+        return self._scalar(v)
+
+    def _list_arg(self, items: list, jit_type: Any, env: Env, node: torch.fx.Node) -> int:
+        elem = jit_type.getElementType() if isinstance(jit_type, torch.ListType) else None
+        if isinstance(elem, torch.OptionalType):
+            refs = [-1 if x is None else self._arg(x, elem.getElementType(), env, node) for x in items]
+            return self._add(P.OptionalTensorList(refs))
+        is_tensor = isinstance(elem, torch.TensorType) or (
+            elem is None and items and all(isinstance(x, torch.fx.Node)
+                                           and isinstance(x.meta.get("val"), torch.Tensor) for x in items)
+        )
+        if is_tensor:
+            return self._add(P.TensorList([self._arg(x, elem, env, node) for x in items]))
+        if isinstance(elem, torch.FloatType) or (elem is None and items and all(type(x) is float for x in items)):
+            return self._add(P.DoubleList([float(x) for x in items]))
+        if isinstance(elem, torch.BoolType) or (elem is None and items and all(type(x) is bool for x in items)):
+            return self._add(P.BoolList([bool(x) for x in items]))
+        # int / SymInt lists: one Int value per element, then the IntList (§3.6).
+        refs = [self._arg(x, None, env, node) if isinstance(x, torch.fx.Node) else self._add(P.Int(int(x)))
+                for x in items]
+        return self._add(P.IntList(refs))
+
+    # ------------------------------------------------------------------ instructions
+
+    def _touch(self, idx: int, pc: int) -> None:
+        v = self.values[idx] if 0 <= idx < len(self.values) else None
+        if isinstance(v, (P.TensorList, P.OptionalTensorList)):
+            for j in v.items:
+                if j >= 0:
+                    self._touch(j, pc)
+        elif idx in self.storages:
+            self.storages[idx].touch(pc)
+
+    def _instr(self, ins: P.Instruction, touched: Sequence[int]) -> int:
+        pc = len(self.instructions)
+        self.instructions.append(ins)
+        for idx in touched:
+            self._touch(idx, pc)
+        return pc
+
+    def _kernel(self, name: str, overload: str, args: list[int]) -> None:
+        key = (name, overload)
+        if key not in self._op_index:
+            self._op_index[key] = len(self.operators)
+            self.operators.append(P.Operator(name, overload))
+        self._instr(P.KernelCall(self._op_index[key], args), args)
+
+    # ------------------------------------------------------------------ nodes
+
+    def _outputs(self, node: torch.fx.Node) -> Union[int, list[int]]:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return self._tensor(val, planned=True)
+        if isinstance(val, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in val):
+            return [self._tensor(v, planned=True) for v in val]
+        raise unsupported(node, f"returns {type(val).__name__}, which the emitter cannot plan")
+
+    def emit_node(self, node: torch.fx.Node, env: Env, gm: torch.fx.GraphModule) -> None:
+        target = node.target
+        if node.op in ("placeholder", "output", "get_attr"):
+            return
+        if node.op != "call_function":
+            raise unsupported(node, f"is a {node.op} node, which the emitter does not handle")
+        if target is operator.getitem:
+            env[node] = env[node.args[0]][node.args[1]]
+        elif target in ASSERT_OPS:
+            return
+        elif target in SYM_OPS:
+            args = [self._arg(a, None, env, node) for a in node.args]
+            ret = self._placeholder_scalar(node.meta.get("val"))
+            self._kernel(f"executorch_prim::{SYM_OPS[target]}", "Scalar", args + [ret])
+            env[node] = ret
+        elif target == torch.ops.aten.sym_size.int:
+            args = [self._arg(node.args[0], None, env, node), self._add(P.Int(int(node.args[1])))]
+            ret = self._add(P.Int(0))
+            self._kernel("aten::sym_size", "int", args + [ret])
+            env[node] = ret
+        elif target is torch.ops.higher_order.cond:
+            self._emit_cond(node, env, gm)
+        elif isinstance(target, torch._ops.OpOverload):
+            self._emit_op(node, env)
+        else:
+            raise unsupported(node, "is not an ATen operator the emitter knows")
+
+    def _emit_op(self, node: torch.fx.Node, env: Env) -> None:
+        try:
+            ov = resolve_out_variant(node.target)
+        except KeyError as e:
+            raise unsupported(node, f"has no out variant ({e})") from None
+        outs = self._outputs(node)
+        env[node] = outs
+        out_list = outs if isinstance(outs, list) else [outs]
+        if ov.kind == "dim_order":  # (self, *, non_blocking, dim_order, out) -> out  (§3.7)
+            rank = len(node.meta["val"].shape)
+            dim_order = self._add(P.IntList([self._add(P.Int(d)) for d in range(rank)]))
+            args = [self._arg(node.args[0], None, env, node),
+                    self._add(P.Bool(bool(node.kwargs.get("non_blocking", False)))), dim_order, outs, outs]
+            self._kernel(ov.name, ov.overload, args)
+            return
+        given = dict(zip((a.name for a in node.target._schema.arguments), node.args))
+        given.update(node.kwargs)
+        args, k = [], 0
+        list_out = False
+        for a in ov.schema.arguments:
+            if a.is_out:
+                if str(a.type).startswith("List[Tensor]"):
+                    args.append(self._add(P.TensorList(list(out_list))))
+                    list_out = True
+                else:
+                    args.append(out_list[k])
+                    k += 1
+            elif a.name in given:
+                args.append(self._arg(given[a.name], a.type, env, node))
+            elif a.has_default_value():
+                args.append(self._arg(a.default_value, a.type, env, node))
+            else:
+                raise unsupported(node, f"gives no value for argument {a.name!r} of {ov.key}")
+        # The return slot (§3.6): the out tensor again, or a TensorList of the outs.
+        if list_out or len(out_list) > 1:
+            args.append(self._add(P.TensorList(list(out_list))))
+        else:
+            args.append(out_list[0])
+        self._kernel(ov.name, ov.overload, args)
+
+    def _emit_cond(self, node: torch.fx.Node, env: Env, gm: torch.fx.GraphModule) -> None:
+        pred, true_ref, false_ref, operands = node.args
+        outs = self._outputs(node)
+        env[node] = outs
+        out_list = outs if isinstance(outs, list) else [outs]
+        pred_idx = self._arg(pred, None, env, node)
+        operand_idx = [self._arg(o, None, env, node) for o in operands]
+        # JumpFalse(pred -> false branch); true branch; JumpFalse(false -> end); false branch.
+        to_false = P.JumpFalseCall(pred_idx, -1)
+        self._instr(to_false, [pred_idx])
+        self._emit_branch(getattr(gm, true_ref.target), operand_idx, out_list)
+        skip = P.JumpFalseCall(-1, -1)
+        self._instr(skip, [])
+        to_false.destination_instruction = len(self.instructions)
+        self._emit_branch(getattr(gm, false_ref.target), operand_idx, out_list)
+        skip.cond_value_index = self._add(P.Bool(False))
+        skip.destination_instruction = len(self.instructions)
+
+    def _emit_branch(self, sub: torch.fx.GraphModule, operand_idx: list[int], outs: list[int]) -> None:
+        first_value = len(self.values)
+        env: Env = {}
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        for p, idx in zip(placeholders, operand_idx):
+            env[p] = idx
+        for n in sub.graph.nodes:
+            self.emit_node(n, env, sub)
+        result = next(n for n in sub.graph.nodes if n.op == "output")
+        merged: set[int] = set()
+        for r, dst in zip(pytree.tree_leaves(result.args[0]), outs):
+            src = self._arg(r, None, env, result)
+            self._instr(P.MoveCall(src, dst), [src, dst])
+            # MoveCall moves the handle (§3.12): dst then reads src's bytes, so a result
+            # computed in this branch shares dst's storage, and anything else must outlive dst.
+            if src in self.storages and dst in self.storages:
+                if src >= first_value and src not in merged:
+                    mp.merge(self.storages[dst], self.storages[src])
+                    merged.add(src)
+                else:
+                    self.storages[src].outlives.append(self.storages[dst])
+
+    # ------------------------------------------------------------------ method
+
+    def emit(self) -> P.ExecutionPlan:
+        ep, sig = self.ep, self.ep.graph_signature
+        gm = ep.graph_module
+        env: Env = {}
+        inputs: list[int] = []
+        mutated = {s.target: s for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
+        buffer_values: dict[str, int] = {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for node, spec in zip(placeholders, sig.input_specs):
+            env[node] = self._emit_input(node, spec, mutated, buffer_values, inputs)
+        for node in gm.graph.nodes:
+            self.emit_node(node, env, gm)
+
+        output_node = next(n for n in gm.graph.nodes if n.op == "output")
+        outputs, writebacks = [], []
+        for arg, spec in zip(output_node.args[0], sig.output_specs):
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                writebacks.append((buffer_values[spec.target], self._arg(arg, None, env, output_node)))
+            elif spec.kind == OutputKind.USER_OUTPUT:
+                outputs.append(self._arg(arg, None, env, output_node) if arg is not None else self._add(P.Null()))
+            else:
+                raise ExportError(f"method {self.name!r}: output kind {spec.kind.name} is not supported "
+                                  f"(e.g. mutating a user input in place); return the new value instead")
+        for buf, new in writebacks:  # §3.11: copy the new state into the buffer, last
+            self._kernel("aten::copy_", "", [buf, new, self._add(P.Bool(False)), buf])
+        for idx in outputs:
+            self._touch(idx, mp.FOREVER)
+
+        arena = mp.plan(list(self.storages.values()))
+        return P.ExecutionPlan(
+            name=self.name,
+            container_meta_type=P.ContainerMetadata(
+                treespec_json(ep.call_spec.in_spec), treespec_json(ep.call_spec.out_spec)),
+            values=self.values,
+            inputs=inputs,
+            outputs=outputs,
+            chains=[P.Chain(instructions=self.instructions)],
+            operators=self.operators,
+            delegates=[],
+            non_const_buffer_sizes=[0, arena],
+        )
+
+    def _emit_input(self, node, spec, mutated, buffer_values, inputs) -> int:
+        ep = self.ep
+        if spec.kind == InputKind.USER_INPUT:
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                idx = self._tensor(val, planned=True)
+                self.storages[idx].touch(-1)
+            else:  # ints/floats/bools are specialised by export and baked in (§3.5)
+                idx = self._scalar(val)
+            inputs.append(idx)
+            return idx
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            target = spec.target
+            tensor = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
+            if spec.kind == InputKind.BUFFER and target in mutated:
+                # Mutable state: planned, alive for the whole program, initial value serialized (§1.6).
+                idx = self._tensor(tensor, planned=True, data_idx=self.mutable.add(tensor_bytes(tensor)))
+                self.storages[idx].touch(-1)
+                self.storages[idx].touch(mp.FOREVER)
+                buffer_values[target] = idx
+                return idx
+            return self._constant(tensor)
+        raise ExportError(f"method {self.name!r}: input {node.name} of kind {spec.kind.name} is not supported")
+
+    def plan_sizes(self) -> tuple[int, int]:
+        """(planned arena bytes, naive sum of all planned tensors)."""
+        arena = max((r.root().offset + mp.align_up(r.root().nbytes) for r in self.storages.values()), default=0)
+        return arena, mp.naive_size(list(self.storages.values()))
+
+
+def emit_constant_method(name: str, value: Any, constants: DataList) -> P.ExecutionPlan:
+    """A constant method: a plan with no instructions returning its values (§3.14)."""
+    leaves, spec = pytree.tree_flatten(value)
+    values: list[P.EValue] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            values.append(P.Tensor(
+                scalar_type=scalar_type(leaf.dtype), sizes=list(leaf.shape), dim_order=list(range(leaf.dim())),
+                data_buffer_idx=constants.add(tensor_bytes(leaf))))
+        elif isinstance(leaf, bool):
+            values.append(P.Bool(leaf))
+        elif isinstance(leaf, int):
+            values.append(P.Int(leaf))
+        elif isinstance(leaf, float):
+            values.append(P.Double(leaf))
+        elif isinstance(leaf, str):
+            values.append(P.String(leaf))
+        elif isinstance(leaf, torch.dtype):
+            values.append(P.Int(scalar_type(leaf)))
+        else:
+            raise ExportError(f"constant method {name!r}: cannot store a {type(leaf).__name__}")
+    return P.ExecutionPlan(
+        name=name,
+        container_meta_type=P.ContainerMetadata("", treespec_json(spec)),
+        values=values,
+        inputs=[],
+        outputs=list(range(len(values))),
+        chains=[P.Chain()],
+        operators=[],
+        delegates=[],
+        non_const_buffer_sizes=[0],
+    )
+

@@ -1,0 +1,173 @@
+"""The program managers: EdgeProgramManager (to_edge) and ExecutorchProgramManager.
+
+    edge = to_edge(ep)                      # or {"forward": ep1, "encode": ep2}
+    edge = edge.transform([my_pass])        # optional graph passes
+    prog = edge.to_executorch()             # plan memory, emit, serialize
+    prog.save("model.pte")
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from ..errors import ExportError
+from ..schema import program as P
+from .edge import EdgeCompileConfig, as_method_dict, check_kernels, check_supported_nodes, to_edge_program
+from .emit import DataList, MethodEmitter, emit_constant_method
+from .passes import remove_noops
+
+Pass = Callable[[Any], Any]
+
+
+@dataclass
+class ExecutorchBackendConfig:
+    """Options of to_executorch (names follow ExecuTorch's where they exist).
+
+    constant_tensor_alignment: alignment of each constant in the constant segment.
+    segment_alignment: alignment of each segment in the file.
+    """
+
+    constant_tensor_alignment: int = 16
+    segment_alignment: int = 128
+
+
+def _takes_exported_program(p: Pass) -> bool:
+    try:
+        params = list(inspect.signature(p).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if not params:
+        return False
+    ann = params[0].annotation
+    name = ann if isinstance(ann, str) else getattr(ann, "__name__", "")
+    return "ExportedProgram" in str(name)
+
+
+def _apply_pass(p: Pass, ep: ExportedProgram) -> ExportedProgram:
+    """Run a user pass: ExportedProgram -> ExportedProgram, or GraphModule -> GraphModule
+    (a torch PassResult or None, meaning "changed in place", are accepted too)."""
+    if _takes_exported_program(p):
+        result = p(ep)
+        return ep if result is None else result
+    gm = ep.graph_module
+    result = p(gm)
+    new_gm = getattr(result, "graph_module", result)
+    if new_gm is not None and new_gm is not gm:
+        if not isinstance(new_gm, torch.fx.GraphModule):
+            raise ExportError(f"pass {p!r} returned {type(result).__name__}, expected a GraphModule")
+        gm.graph = new_gm.graph  # keep the ExportedProgram's module (and its state)
+        for name, sub in new_gm.named_children():
+            setattr(gm, name, sub)
+    gm.recompile()
+    return ep
+
+
+class EdgeProgramManager:
+    """Methods in edge form, ready for user passes and to_executorch."""
+
+    def __init__(self, programs: dict[str, ExportedProgram], constant_methods: Optional[dict[str, Any]] = None,
+                 compile_config: Optional[EdgeCompileConfig] = None):
+        self._programs = programs
+        self._constant_methods = dict(constant_methods or {})
+        self.compile_config = compile_config or EdgeCompileConfig()
+        clash = set(programs) & set(self._constant_methods)
+        if clash:
+            raise ExportError(f"names used both as methods and constant methods: {sorted(clash)}")
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._programs)
+
+    def exported_program(self, method_name: str = "forward") -> ExportedProgram:
+        if method_name not in self._programs:
+            raise ExportError(f"no method {method_name!r}; methods are {self.methods}")
+        return self._programs[method_name]
+
+    def transform(self, passes: Sequence[Pass]) -> "EdgeProgramManager":
+        """Apply passes to every method; returns a new manager (kernels are re-checked)."""
+        programs = {}
+        for name, ep in self._programs.items():
+            for p in passes:
+                ep = _apply_pass(p, ep)
+            remove_noops(ep.graph_module)
+            check_supported_nodes(ep)
+            if self.compile_config._check_ir_validity:
+                check_kernels(ep, name)
+            programs[name] = ep
+        return EdgeProgramManager(programs, self._constant_methods, self.compile_config)
+
+    def to_executorch(self, config: Optional[ExecutorchBackendConfig] = None) -> "ExecutorchProgramManager":
+        config = config or ExecutorchBackendConfig()
+        constants, mutable = DataList(dedup=True), DataList(dedup=False)
+        plans, summary = [], {}
+        for name in sorted(self._programs):  # §3.2: methods sorted by name
+            ep = self._programs[name]
+            check_kernels(ep, name)
+            emitter = MethodEmitter(name, ep, constants, mutable)
+            plans.append(emitter.emit())
+            summary[name] = emitter.plan_sizes()
+        for name, value in self._constant_methods.items():  # then constant methods, in given order
+            plans.append(emit_constant_method(name, value, constants))
+        program = P.Program(execution_plan=plans, constant_buffer=[], backend_delegate_data=[])
+        return ExecutorchProgramManager(program, constants, mutable, config, dict(self._programs), summary)
+
+
+class ExecutorchProgramManager:
+    """The emitted program: `buffer` (the .pte bytes), `save(path)`, `plan_summary()`."""
+
+    def __init__(self, program: P.Program, constants: DataList, mutable: DataList,
+                 config: ExecutorchBackendConfig, programs: dict[str, ExportedProgram],
+                 summary: dict[str, tuple[int, int]]):
+        from ..schema.writer import pack_constants, pack_mutable_data, write_pte
+
+        self._programs = programs
+        self._summary = summary
+        const_bytes, const_offsets = pack_constants(constants.blobs, config.constant_tensor_alignment)
+        segments = [const_bytes]
+        program.constant_segment = P.SubsegmentOffsets(segment_index=0, offsets=const_offsets)
+        if mutable.blobs:
+            mut_bytes, mut_offsets = pack_mutable_data(mutable.blobs)
+            segments.append(mut_bytes)
+            program.mutable_data_segments = [P.SubsegmentOffsets(segment_index=1, offsets=mut_offsets)]
+        self.program = program
+        self._buffer = write_pte(program, segments, segment_alignment=config.segment_alignment,
+                                 constant_tensor_alignment=config.constant_tensor_alignment)
+
+    @property
+    def buffer(self) -> bytes:
+        return self._buffer
+
+    @property
+    def methods(self) -> list[str]:
+        return [p.name for p in self.program.execution_plan]
+
+    def exported_program(self, method_name: str = "forward") -> ExportedProgram:
+        return self._programs[method_name]
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        with open(path, "wb") as f:
+            f.write(self._buffer)
+
+    def write_to_file(self, f) -> None:
+        f.write(self._buffer)
+
+    def plan_summary(self) -> dict[str, dict[str, int]]:
+        """Per method: planned arena bytes and the naive sum of every planned tensor."""
+        return {name: {"planned_bytes": planned, "naive_bytes": naive}
+                for name, (planned, naive) in self._summary.items()}
+
+
+def to_edge(programs: Union[ExportedProgram, dict[str, ExportedProgram]],
+            constant_methods: Optional[dict[str, Any]] = None,
+            compile_config: Optional[EdgeCompileConfig] = None) -> EdgeProgramManager:
+    """Decompose exported programs to core ATen and check that execupy can run every op."""
+    config = compile_config or EdgeCompileConfig()
+    methods = as_method_dict(programs)
+    edge = {name: to_edge_program(ep, config, name) for name, ep in methods.items()}
+    return EdgeProgramManager(edge, constant_methods, config)

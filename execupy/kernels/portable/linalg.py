@@ -1,0 +1,97 @@
+"""Matrix products: mm, bmm, addmm, baddbmm, linear.
+
+Floating products go through numpy's BLAS (`np.matmul`), written straight into the
+planned `out` buffer when it is float32/float64 and already has the result's shape.
+Half types are multiplied in float32 and rounded once. Integer products accumulate in
+int64 and wrap to the output type, which equals ATen's wrapping arithmetic.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ...runtime.registry import register_kernel
+from ._util import compute_dtype, is_float, write
+
+
+def _compute_dtype(out: np.ndarray) -> np.dtype:
+    if out.dtype == np.bool_:
+        raise TypeError("matrix products are not defined for bool tensors")
+    if is_float(out.dtype):
+        return compute_dtype(out.dtype)
+    return np.dtype(np.int64)
+
+
+def _operand(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """a @ b in the compute dtype; into `out` directly when dtype and shape allow."""
+    dtype = _compute_dtype(out)
+    a, b = _operand(a, dtype), _operand(b, dtype)
+    shape = a.shape[:-2] + (a.shape[-2], b.shape[-1])
+    if out.dtype == dtype and out.shape == shape:
+        return np.matmul(a, b, out=out)
+    return np.matmul(a, b)
+
+
+def _check_ranks(name: str, rank: int, *tensors: np.ndarray) -> None:
+    for t in tensors:
+        if t.ndim != rank:
+            raise ValueError(f"{name}: expected {rank}-D tensors, got shape {t.shape}")
+
+
+@register_kernel("aten::mm.out")
+def mm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    _check_ranks("mm", 2, a, b)
+    return write(out, _matmul(a, b, out))
+
+
+@register_kernel("aten::bmm.out")
+def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    _check_ranks("bmm", 3, a, b)
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"bmm: batch sizes differ ({a.shape} and {b.shape})")
+    return write(out, _matmul(a, b, out))
+
+
+def _add_scaled(product: np.ndarray, bias: np.ndarray, beta, alpha, out: np.ndarray) -> np.ndarray:
+    """beta * bias + alpha * product, computed in place on the product.
+
+    As in ATen, beta == 0 ignores `bias` entirely, so NaN or inf in it do not leak through.
+    """
+    dtype = _compute_dtype(out)
+    if alpha != 1:
+        np.multiply(product, np.asarray(alpha).astype(dtype), out=product, casting="unsafe")
+    if beta != 0:
+        scaled = _operand(bias, dtype) if beta == 1 else _operand(bias, dtype) * np.asarray(beta).astype(dtype)
+        np.add(product, scaled, out=product, casting="unsafe")
+    return write(out, product)
+
+
+@register_kernel("aten::addmm.out")
+def addmm(bias: np.ndarray, a: np.ndarray, b: np.ndarray, beta=1, alpha=1, out: np.ndarray = None) -> np.ndarray:
+    _check_ranks("addmm", 2, a, b)
+    with np.errstate(all="ignore"):
+        return _add_scaled(_matmul(a, b, out), bias, beta, alpha, out)
+
+
+@register_kernel("aten::baddbmm.out")
+def baddbmm(bias: np.ndarray, a: np.ndarray, b: np.ndarray, beta=1, alpha=1, out: np.ndarray = None) -> np.ndarray:
+    _check_ranks("baddbmm", 3, a, b)
+    with np.errstate(all="ignore"):
+        return _add_scaled(_matmul(a, b, out), bias, beta, alpha, out)
+
+
+@register_kernel("aten::linear.out")
+def linear(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None, out: np.ndarray = None) -> np.ndarray:
+    """x @ weight.T (+ bias); weight is (out_features, in_features) or 1-D."""
+    dtype = _compute_dtype(out)
+    w = _operand(weight, dtype)
+    product = np.matmul(_operand(x, dtype), w.T if w.ndim == 2 else w)
+    if bias is None:
+        return write(out, product)
+    with np.errstate(all="ignore"):
+        return write(out, product + _operand(bias, dtype))

@@ -1,0 +1,98 @@
+"""Normalizations: layer norm, batch norm (inference), group norm.
+
+Each returns ATen's three outputs (normalized tensor, mean, rstd) as a tuple, because
+the program's return slot is a TensorList. Statistics use the biased variance and are
+computed in float32 for half inputs (float64 stays float64).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ...runtime.registry import register_kernel
+from ._util import compute_dtype, write
+
+
+def _float(x: Optional[np.ndarray], dtype: np.dtype) -> Optional[np.ndarray]:
+    if x is None:
+        return None
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def _moments(x: np.ndarray, axes: tuple[int, ...], eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, rstd) over `axes` with keepdims; rstd = 1 / sqrt(biased var + eps)."""
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+    return mean, 1.0 / np.sqrt(var + x.dtype.type(eps))
+
+
+def _affine(y: np.ndarray, weight, bias) -> np.ndarray:
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+@register_kernel("aten::native_layer_norm.out")
+def native_layer_norm(x: np.ndarray, normalized_shape: Sequence[int], weight: Optional[np.ndarray],
+                      bias: Optional[np.ndarray], eps: float, out: np.ndarray, mean_out: np.ndarray,
+                      rstd_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    k = len(normalized_shape)
+    if tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape) or k > x.ndim:
+        raise ValueError(f"layer_norm: normalized_shape {tuple(normalized_shape)} does not end input shape {x.shape}")
+    dtype = compute_dtype(x.dtype)
+    xs = _float(x, dtype)
+    with np.errstate(all="ignore"):
+        mean, rstd = _moments(xs, tuple(range(x.ndim - k, x.ndim)), eps)
+        y = _affine((xs - mean) * rstd, _float(weight, dtype), _float(bias, dtype))
+    # mean/rstd keep the normalized dims as size 1: shape (*batch, 1, ..., 1).
+    return write(out, y), write(mean_out, mean), write(rstd_out, rstd)
+
+
+def _channel_shape(x: np.ndarray) -> tuple[int, ...]:
+    """Shape that broadcasts a per-channel vector along dim 1 of x."""
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+@register_kernel("aten::_native_batch_norm_legit_no_training.out")
+def batch_norm_no_training(x: np.ndarray, weight: Optional[np.ndarray], bias: Optional[np.ndarray],
+                           running_mean: np.ndarray, running_var: np.ndarray, momentum: float, eps: float,
+                           out: np.ndarray, mean_out: np.ndarray,
+                           rstd_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inference batch norm over channel dim 1 with the running statistics.
+
+    ATen returns empty save_mean/save_invstd in this mode; they are passed through as is.
+    """
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: input must have a channel dim, got shape {x.shape}")
+    dtype = compute_dtype(x.dtype)
+    shape = _channel_shape(x)
+    mean = _float(running_mean, dtype).reshape(shape)
+    with np.errstate(all="ignore"):
+        rstd = 1.0 / np.sqrt(_float(running_var, dtype).reshape(shape) + dtype.type(eps))
+        w = None if weight is None else _float(weight, dtype).reshape(shape)
+        b = None if bias is None else _float(bias, dtype).reshape(shape)
+        y = _affine((_float(x, dtype) - mean) * rstd, w, b)
+    return write(out, y), mean_out, rstd_out
+
+
+@register_kernel("aten::native_group_norm.out")
+def native_group_norm(x: np.ndarray, weight: Optional[np.ndarray], bias: Optional[np.ndarray], N: int, C: int,
+                      HxW: int, group: int, eps: float, out: np.ndarray, mean_out: np.ndarray,
+                      rstd_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group norm: channels split into `group` groups; mean/rstd have shape (N, group)."""
+    if group <= 0 or C % group:
+        raise ValueError(f"group_norm: {C} channels cannot be split into {group} groups")
+    if x.size != N * C * HxW:
+        raise ValueError(f"group_norm: input shape {x.shape} does not hold N={N}, C={C}, HxW={HxW}")
+    dtype = compute_dtype(x.dtype)
+    grouped = _float(x, dtype).reshape(N, group, (C // group) * HxW)
+    with np.errstate(all="ignore"):
+        mean, rstd = _moments(grouped, (2,), eps)
+        y = ((grouped - mean) * rstd).reshape(N, C, HxW)
+        w = None if weight is None else _float(weight, dtype).reshape(1, C, 1)
+        b = None if bias is None else _float(bias, dtype).reshape(1, C, 1)
+        y = _affine(y, w, b).reshape(x.shape)
+    return write(out, y), write(mean_out, mean.reshape(N, group)), write(rstd_out, rstd.reshape(N, group))

@@ -1,0 +1,179 @@
+"""The one model description every checkpoint loader produces, and the weight conventions.
+
+Every loader (GGUF, HF, Meta) returns ``(ModelConfig, state_dict)`` where the state dict
+maps the canonical names below to float32 numpy arrays. Torch-free.
+
+Canonical names (Meta-style, shared by the Llama family and GPT-2)::
+
+    tok_embeddings.weight                     [vocab, dim]
+    pos_embeddings.weight                     [max_seq_len, dim]      (gpt2 only)
+    layers.{i}.attention_norm.weight / .bias  [dim]                   (bias: gpt2)
+    layers.{i}.attention.wq.weight / .bias    [n_heads*head_dim, dim] (bias: qkv_bias or gpt2)
+    layers.{i}.attention.wk.weight / .bias    [n_kv_heads*head_dim, dim]
+    layers.{i}.attention.wv.weight / .bias    [n_kv_heads*head_dim, dim]
+    layers.{i}.attention.wo.weight / .bias    [dim, n_heads*head_dim] (bias: gpt2)
+    layers.{i}.ffn_norm.weight / .bias        [dim]
+    layers.{i}.feed_forward.w1.weight / .bias [hidden, dim]   llama: gate; gpt2: c_fc
+    layers.{i}.feed_forward.w2.weight / .bias [dim, hidden]   llama: down; gpt2: c_proj
+    layers.{i}.feed_forward.w3.weight         [hidden, dim]   llama: up
+    norm.weight / .bias                       [dim]
+    output.weight                             [vocab, dim]    (same array as tok_embeddings
+                                                               when tie_embeddings)
+
+Rotary convention: HF "half rotation" (rotate_half: pairs (i, i + head_dim/2)). Meta
+checkpoints and llama-architecture GGUF files store wq/wk for the interleaved-pair
+rotation (pairs (2i, 2i+1)); their loaders permute the rows of wq/wk (and their biases)
+with ``interleaved_to_half`` so one model serves all three formats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from execupy.errors import ExecupyError
+
+ARCHS = ("llama", "gpt2")
+
+
+class CheckpointError(ExecupyError, ValueError):
+    """A checkpoint is missing, malformed, or of an architecture we do not support."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of a decoder-only transformer, read off a checkpoint's metadata."""
+
+    arch: str  # "llama" (Llama 2/3, SmolLM2, TinyLlama, Qwen2.5, Mistral) or "gpt2"
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    hidden_dim: int  # feed-forward inner size
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_seq_len: int = 2048  # the context the model was trained for
+    tie_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2.5 has biases on q, k and v only
+    head_dim: int = 0  # 0 means dim // n_heads
+    # Per-frequency divisors for Llama 3.1/3.2 "llama3" rope scaling (llama.cpp's
+    # rope_freqs tensor); None means plain RoPE.
+    rope_freq_factors: tuple[float, ...] | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise CheckpointError(f"unknown architecture {self.arch!r}; expected one of {ARCHS}")
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise CheckpointError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Reorder q/k projection rows from interleaved-pair RoPE (Meta, GGUF) to half rotation (HF).
+
+    Within each head, rows (0,1),(2,3),... are rotation pairs in the interleaved layout;
+    in the half layout the pairs are (0, d/2),(1, d/2+1),... So row 2i goes to i and row
+    2i+1 to d/2+i. Works for weights [rows, in] and biases [rows].
+    """
+    rows = w.shape[0]
+    head_dim = rows // n_heads
+    return (
+        w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def half_to_interleaved(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of ``interleaved_to_half`` (what llama.cpp's converter does to HF weights)."""
+    rows = w.shape[0]
+    head_dim = rows // n_heads
+    return (
+        w.reshape(n_heads, 2, head_dim // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def llama3_rope_freq_factors(
+    head_dim: int,
+    theta: float,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_seq_len: int,
+) -> tuple[float, ...]:
+    """Divisors of the RoPE frequencies for Llama 3.1 "llama3" scaling.
+
+    Same formula as Meta's ``apply_scaling`` and llama.cpp's ``rope_freqs`` tensor: long
+    wavelengths are slowed down by ``factor``, short ones untouched, the middle band blended.
+    """
+    low_freq_wavelen = original_max_seq_len / low_freq_factor
+    high_freq_wavelen = original_max_seq_len / high_freq_factor
+    factors = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / theta ** (i / head_dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (original_max_seq_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(factors)
+
+
+def check_state_dict(config: ModelConfig, state: dict[str, np.ndarray]) -> None:
+    """Raise CheckpointError naming the first missing or mis-shaped canonical tensor."""
+    for name, shape in expected_shapes(config).items():
+        if name not in state:
+            raise CheckpointError(f"checkpoint has no tensor for {name}")
+        if tuple(state[name].shape) != shape:
+            raise CheckpointError(f"{name} has shape {tuple(state[name].shape)}, expected {shape}")
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The canonical tensor names of a config and their shapes."""
+    c = config
+    gpt2 = c.arch == "gpt2"
+    q_rows, kv_rows = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (c.vocab_size, c.dim)}
+    if gpt2:
+        shapes["pos_embeddings.weight"] = (c.max_seq_len, c.dim)
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        layer = {
+            "attention_norm.weight": (c.dim,),
+            "attention.wq.weight": (q_rows, c.dim),
+            "attention.wk.weight": (kv_rows, c.dim),
+            "attention.wv.weight": (kv_rows, c.dim),
+            "attention.wo.weight": (c.dim, q_rows),
+            "ffn_norm.weight": (c.dim,),
+            "feed_forward.w1.weight": (c.hidden_dim, c.dim),
+            "feed_forward.w2.weight": (c.dim, c.hidden_dim),
+        }
+        if gpt2 or c.qkv_bias:
+            layer.update({"attention.wq.bias": (q_rows,), "attention.wk.bias": (kv_rows,),
+                          "attention.wv.bias": (kv_rows,)})
+        if gpt2:
+            layer.update({"attention_norm.bias": (c.dim,), "attention.wo.bias": (c.dim,),
+                          "ffn_norm.bias": (c.dim,), "feed_forward.w1.bias": (c.hidden_dim,),
+                          "feed_forward.w2.bias": (c.dim,)})
+        else:
+            layer["feed_forward.w3.weight"] = (c.hidden_dim, c.dim)
+        shapes.update({p + k: v for k, v in layer.items()})
+    shapes["norm.weight"] = (c.dim,)
+    if gpt2:
+        shapes["norm.bias"] = (c.dim,)
+    shapes["output.weight"] = (c.vocab_size, c.dim)
+    return shapes

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up a virtual environment with the export and dev extras, then run the whole test suite.
+# Used by the README and by .ci/run. Safe to run again: it reuses .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch is pinned (2.13.0, CPU build); other pins live in pyproject.toml.
+if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[export,dev]' >.venv/pip.log 2>&1; then
+  cat .venv/pip.log >&2
+  exit 1
+fi
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,127 @@
+"""The runtime API on real ExecuTorch programs: metadata, input checks, state, methods, errors."""
+import numpy as np
+import pytest
+
+from execupy.errors import ExecupyError, InvalidInputError, MalformedProgramError, UnsupportedOperatorError
+from execupy.runtime import Module, Program
+from execupy.schema import read_pte
+
+from .conformance import CORPUS, SAMPLES
+
+pytestmark = pytest.mark.skipif(not CORPUS.exists(), reason="conformance corpus ../shared/conformance not present")
+
+
+def corpus(name: str) -> str:
+    return str(CORPUS / name / "model.pte")
+
+
+def test_method_meta_describes_dynamic_inputs():
+    program = Program.load(corpus("portable-dynamic_batch_seq"))
+    assert program.method_names == ["forward"]
+    meta = program.method_meta("forward")
+    (x,) = meta.inputs
+    assert x.dtype == np.float32 and x.dynamic and x.shape == (8, 32, 16)
+    assert meta.planned_buffer_sizes and meta.planned_buffer_sizes[0] > 0
+    assert "aten::addmm.out" in meta.operators
+
+
+def test_dynamic_shapes_resize_within_bounds():
+    m = Module(corpus("portable-dynamic_batch_seq"))
+    rng = np.random.default_rng(0)
+    for shape in [(2, 5, 16), (8, 32, 16), (1, 2, 16), (3, 7, 16)]:
+        outs = m.forward(rng.standard_normal(shape, dtype=np.float32))
+        assert outs[0].shape[0] == shape[0]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (np.zeros((2, 5, 16), np.float64), "input 0 has dtype float64"),
+        (np.zeros((2, 5), np.float32), "rank"),
+        (np.zeros((9, 5, 16), np.float32), "upper bound"),
+    ],
+)
+def test_bad_inputs_name_the_argument(bad, message):
+    method = Program.load(corpus("portable-dynamic_batch_seq")).load_method("forward")
+    with pytest.raises(InvalidInputError, match=message):
+        method.execute([bad])
+
+
+def test_wrong_input_count():
+    method = Program.load(corpus("portable-dynamic_batch_seq")).load_method("forward")
+    with pytest.raises(InvalidInputError, match="takes 1 inputs, got 2"):
+        method.execute([np.zeros((2, 5, 16), np.float32)] * 2)
+
+
+def test_static_shape_mismatch_is_rejected():
+    m = Module(corpus("portable-nested_outputs"))
+    with pytest.raises(InvalidInputError, match=r"expects \(2, 3\)"):
+        m.forward(np.zeros((3, 2), np.float32), np.zeros((2, 3), np.float32))
+
+
+def test_nested_outputs_keep_their_structure():
+    m = Module(corpus("portable-nested_outputs"))
+    a, b = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)
+    out = m.forward(a, b)
+    assert isinstance(out, dict) and list(out) == ["sum", "pair", "items"]
+    np.testing.assert_allclose(out["sum"], a + b)
+    assert len(out["pair"]) == 2 and len(out["items"]) == 2
+
+
+def test_state_persists_across_calls_and_resets_on_reload():
+    path = corpus("portable-state_kv_cache")
+    x = np.random.default_rng(1).standard_normal((1, 3, 8), dtype=np.float32)
+    first = Module(path)
+    y1 = first.forward(x, np.array([0, 1, 2]))
+    y2 = first.forward(x, np.array([3, 4, 5]))
+    fresh = Module(path).forward(x, np.array([3, 4, 5]))
+    assert not np.allclose(y2, fresh), "second call must see the cache written by the first"
+    np.testing.assert_allclose(Module(path).forward(x, np.array([0, 1, 2])), y1)
+
+
+def test_outputs_are_copies_not_views_of_planned_memory():
+    m = Module(corpus("portable-multi_method"))
+    x = np.ones((3, 6), np.float32)
+    y = m.forward(x)
+    y_again = m.forward(x * 2)
+    assert not np.shares_memory(y, y_again)
+    assert not np.allclose(y, y_again)
+
+
+def test_several_methods_and_constant_methods():
+    m = Module(str(SAMPLES / "multi_method.pte"))
+    assert set(m.method_names) >= {"forward", "other", "get_max_seq_len"}
+    assert m.run_method("get_max_seq_len") == 128
+    x = np.ones(2, np.float32)
+    assert len(m.run_method("other", x, x)) == 2
+
+
+def test_non_tensor_inputs_are_fixed_at_export():
+    m = Module(str(SAMPLES / "scalar_inputs.pte"))
+    x = np.ones(2, np.float32)
+    m.forward(x, 3, 0.5, True)
+    with pytest.raises(InvalidInputError, match="input 1 must be 3"):
+        m.forward(x, 4, 0.5, True)
+
+
+def test_unknown_operator_names_op_and_instruction():
+    pte = read_pte(open(corpus("portable-multi_method"), "rb").read())
+    pte.program.execution_plan[0].operators[0].name = "custom::frobnicate"
+    with pytest.raises(UnsupportedOperatorError, match=r"custom::frobnicate\.out .*instruction"):
+        Program(pte).load_method(pte.program.execution_plan[0].name)
+
+
+def test_out_of_range_value_index_is_malformed():
+    pte = read_pte(open(corpus("portable-multi_method"), "rb").read())
+    plan = pte.program.execution_plan[0]
+    plan.chains[0].instructions[0].args[0] = 10_000
+    with pytest.raises(MalformedProgramError, match="value 10000"):
+        Program(pte).load_method(plan.name)
+
+
+def test_missing_method_and_not_a_program():
+    with pytest.raises(KeyError, match="no method 'nope'"):
+        Program.load(corpus("portable-multi_method")).load_method("nope")
+    with pytest.raises(MalformedProgramError, match="identifier"):
+        Program.load(b"\x00" * 64)
+    assert issubclass(MalformedProgramError, ExecupyError)
