@@ -17,7 +17,9 @@ Steps:
 3. It prints, per size, the instructions in the plan, us/instruction (median time per
    call / instructions) for each runtime and their ratio, plus the marginal cost per
    instruction (slope of a line fit over the sizes, which removes the fixed per-call
-   cost such as input copies and the pybind conversion).
+   cost such as input copies and the pybind conversion). The last column reruns our
+   plan with every kernel replaced by one that returns `out` untouched: the runtime's
+   own dispatch cost, without numpy.
 """
 from __future__ import annotations
 
@@ -112,15 +114,28 @@ def run_reference(sizes: list[int], directory: Path, repeat: int) -> dict:
 # ---------------------------------------------------------------------------- our side
 
 
-def run_ours(path: str, repeat: int) -> tuple[int, float, np.ndarray]:
+def run_ours(path: str, repeat: int) -> tuple[int, float, float, np.ndarray]:
+    """(instructions, seconds per call, seconds per call with no-op kernels, output)."""
     sys.path.insert(0, str(REPO))
-    from execupy.runtime import Program
+    from execupy.runtime import Program, get_kernel, register_kernel
 
-    method = Program.load(path).load_method("forward")
+    program = Program.load(path)
     inputs = _inputs()
+    method = program.load_method("forward")
     result = method.execute(inputs)[0]
-    instructions = Program.load(path).method_meta("forward").num_instructions
-    return instructions, time_calls(lambda: method.execute(inputs), repeat), result
+    seconds = time_calls(lambda: method.execute(inputs), repeat)
+    # The same plan with kernels that only hand back `out`: what is left is pure dispatch.
+    operators = program.method_meta("forward").operators
+    real = {key: get_kernel(key) for key in operators}
+    try:
+        for key in operators:
+            register_kernel(key, override=True)(lambda *args: args[-1])
+        noop = program.load_method("forward")
+        dispatch = time_calls(lambda: noop.execute(inputs), repeat)
+    finally:
+        for key, fn in real.items():
+            register_kernel(key, override=True)(fn)
+    return program.method_meta("forward").num_instructions, seconds, dispatch, result
 
 
 def slope(xs: list[int], ys: list[float]) -> float:
@@ -146,21 +161,22 @@ def main() -> None:
         reference = run_reference(sizes, directory, args.repeat)
         rows = []
         for n in sizes:
-            instructions, ours, result = run_ours(reference[n]["path"], args.repeat)
+            instructions, ours, dispatch, result = run_ours(reference[n]["path"], args.repeat)
             expected = np.asarray(reference[n]["output"], np.float32)
             if not np.allclose(result, expected, rtol=1e-5, atol=1e-6):
                 sys.exit(f"chain {n}: outputs differ between runtimes: {result} vs {expected}")
-            rows.append((instructions, ours, reference[n]["seconds_per_call"]))
+            rows.append((instructions, ours, reference[n]["seconds_per_call"], dispatch))
 
     print(f"runtime overhead: chains of tiny ops on {ELEMENTS}-element float32 tensors, "
           f"median of {args.repeat} calls each")
-    print(f"{'instructions':>12}  {'us/instr ours':>14}  {'us/instr ExecuTorch':>19}  {'ratio':>7}")
-    for instructions, ours, ref in rows:
-        o, r = 1e6 * ours / instructions, 1e6 * ref / instructions
-        print(f"{instructions:>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x")
+    print(f"{'instructions':>12}  {'us/instr ours':>14}  {'us/instr ExecuTorch':>19}  {'ratio':>7}"
+          f"  {'us/instr ours, no-op kernels':>28}")
+    for instructions, ours, ref, dispatch in rows:
+        o, r, d = (1e6 * t / instructions for t in (ours, ref, dispatch))
+        print(f"{instructions:>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x  {d:>28.3f}")
     counts = [r[0] for r in rows]
-    o, r = 1e6 * slope(counts, [r[1] for r in rows]), 1e6 * slope(counts, [r[2] for r in rows])
-    print(f"{'marginal':>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x")
+    o, r, d = (1e6 * slope(counts, [row[k] for row in rows]) for k in (1, 2, 3))
+    print(f"{'marginal':>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x  {d:>28.3f}")
 
 
 if __name__ == "__main__":

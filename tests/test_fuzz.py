@@ -46,6 +46,7 @@ VARIANTS = int(os.environ.get("EXECUPY_FUZZ_VARIANTS", "3000"))
 SEED = int(os.environ.get("EXECUPY_FUZZ_SEED", "0"))
 MAX_ARENA = 64 << 20
 HEADROOM = 512 << 20  # address space the worker may grow by after warm-up
+MAX_STEPS = 100_000  # instructions per execute (jump loops)
 VARIANT_SECONDS = 10.0  # generous: the machine is shared; a real hang runs far longer
 
 
@@ -270,6 +271,9 @@ def run_variant(data: bytes, seed: Seed) -> str:
         for name in names:
             program.method_meta(name)
         method = program.load_method(seed.method if seed.method in names else names[0])
+        # A damaged jump can loop forever; the runtime's step budget turns that into a KernelError.
+        # Its default (50M steps) takes minutes in Python, so the fuzz uses a smaller one.
+        method.max_steps_per_call = MAX_STEPS
         method.execute(seed.inputs)
         return "ok"
     except ExecupyError as e:

@@ -240,7 +240,8 @@ def _delegate(program, k: int, d: P.BackendDelegate) -> dict[str, Any]:
 
 
 def _constant_tensors(plan: P.ExecutionPlan) -> tuple[int, int]:
-    count = nbytes = 0
+    """(constant tensors, bytes they use); tensors sharing one constant entry count its bytes once."""
+    count, sizes = 0, {}
     for v in plan.values:
         if isinstance(v, P.Tensor) and v.data_buffer_idx > 0 and v.allocation_info is None:
             count += 1
@@ -250,8 +251,8 @@ def _constant_tensors(plan: P.ExecutionPlan) -> tuple[int, int]:
                 continue
             for s in v.sizes:
                 n *= s
-            nbytes += n
-    return count, nbytes
+            sizes[v.data_buffer_idx] = max(n, sizes.get(v.data_buffer_idx, 0))
+    return count, sum(sizes.values())
 
 
 def _bad_references(m: dict) -> list[str]:

@@ -22,8 +22,10 @@ from .passes import kernel_key, remove_noops, unsupported
 class EdgeCompileConfig:
     """Options of to_edge (names follow ExecuTorch's).
 
-    _check_ir_validity: check that every op has an execupy kernel (turn off only to
-        inspect graphs that use ops whose kernels are still being written).
+    _check_ir_validity: check, at to_edge, transform and to_executorch, that every op has
+        an execupy kernel. Turn it off to write programs for another runtime (ExecuTorch's)
+        or to inspect graphs whose kernels are still being written; ops with no out variant
+        still fail at to_executorch.
     preserve_ops: ATen ops to keep as they are instead of decomposing them.
     """
 

@@ -39,6 +39,7 @@ SCALAR_TYPES: dict[torch.dtype, int] = {
     torch.bool: ST.BOOL, torch.bfloat16: ST.BFLOAT16, torch.uint16: ST.UINT16, torch.uint32: ST.UINT32,
     torch.uint64: ST.UINT64, torch.float8_e4m3fn: ST.FLOAT8_E4M3FN, torch.float8_e5m2: ST.FLOAT8_E5M2,
 }
+VIEW_OPS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1}
 
 
@@ -267,7 +268,23 @@ class MethodEmitter:
         else:
             raise unsupported(node, "is not an ATen operator the emitter knows")
 
+    def _emit_static_view(self, node: torch.fx.Node, env: Env) -> bool:
+        """A static view of a planned tensor that no graph returns is just another Tensor
+        value over its base's bytes: no instruction (§3.7). Returns False when it is not one."""
+        base = node.args[0]
+        val = node.meta.get("val")
+        if (node.target not in VIEW_OPS or not isinstance(base, torch.fx.Node) or env.get(base) not in self.storages
+                or any(u.op == "output" for u in node.users)
+                or not all(isinstance(s, int) for s in (*val.shape, *base.meta["val"].shape))):
+            return False
+        idx = self._tensor(val, planned=True)
+        mp.merge(self.storages[env[base]], self.storages[idx])
+        env[node] = idx
+        return True
+
     def _emit_op(self, node: torch.fx.Node, env: Env) -> None:
+        if self._emit_static_view(node, env):
+            return
         try:
             ov = resolve_out_variant(node.target)
         except KeyError as e:

@@ -220,7 +220,7 @@ def sym_upper_bound(value: Any, ranges: dict) -> int:
     var_ranges = dict(getattr(shape_env, "var_to_range", {}) or {})
     var_ranges.update(ranges)
     upper = bound_sympy(expr, var_ranges).upper
-    if not upper.is_finite or int(upper) > 2**31 - 1:
+    if not getattr(upper, "is_number", False) or not upper.is_integer or bool(upper > 2**31 - 1):
         raise ExportError(
             f"dynamic size {expr} has no upper bound; give torch.export.Dim a max= so memory can be planned"
         )
@@ -244,7 +244,7 @@ def source_line(node: torch.fx.Node) -> str:
             frames.append((m.group(1), m.group(2), m.group(3), code))
     if not frames:
         return "unknown source line"
-    user = [f for f in frames if "/torch/" not in f[0] and "/execupy/" not in f[0]]
+    user = [f for f in frames if "/torch/" not in f[0]]
     path, lineno, fn, code = (user or frames)[-1]
     return f"{path}:{lineno} in {fn}: {code}" if code else f"{path}:{lineno} in {fn}"
 

@@ -93,9 +93,9 @@ class GGUFFile:
         return out if out.flags.writeable else out.copy()
 
 
-def load_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Read a GGUF checkpoint: (config, canonical float32 state dict)."""
-    f = GGUFFile(path)
+def load_gguf(path: "str | os.PathLike | GGUFFile") -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Read a GGUF checkpoint (a path, or a GGUFFile already open): (config, canonical float32 state dict)."""
+    f = path if isinstance(path, GGUFFile) else GGUFFile(path)
     arch = f.require("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise CheckpointError(f"{f.path}: GGUF architecture {arch!r} is not supported (have {SUPPORTED_ARCHS})")
@@ -125,8 +125,8 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         n_kv_heads=int(n_kv_heads),
         vocab_size=int(vocab_size),
         hidden_dim=int(f.require(key("feed_forward_length"))),
-        norm_eps=float(f.get(key(eps_key), 1e-5)),
-        rope_theta=float(f.get(key("rope.freq_base"), 10000.0)),
+        norm_eps=_f32_to_decimal(f.get(key(eps_key), 1e-5)),
+        rope_theta=_f32_to_decimal(f.get(key("rope.freq_base"), 10000.0)),
         max_seq_len=int(f.get(key("context_length"), 2048)),
         tie_embeddings="output.weight" not in f.tensors,
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
@@ -134,6 +134,12 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         rope_freq_factors=_rope_freq_factors(f),
         name=str(f.get("general.name", "")),
     )
+
+
+def _f32_to_decimal(value: float) -> float:
+    """GGUF stores these as float32 (1e-5 reads back as 9.99999974e-06); take the shortest
+    decimal that rounds to the same float32, which is the value the model was written with."""
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
 
 
 def _rope_freq_factors(f: GGUFFile) -> tuple[float, ...] | None:

@@ -87,6 +87,12 @@ class Tokenizer(ABC):
     def token_bytes(self, token_id: int, special: bool = False) -> bytes:
         """The bytes a token stands for; special tokens give b'' unless ``special``."""
 
+    @abstractmethod
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the vocabulary as one file ``load_tokenizer`` reads back (tokenizer.json for
+        `tokenizers`-based ones, a SentencePiece .model, a tiktoken file). BOS/EOS/chat template
+        travel separately (the program's metadata) and are passed to ``load_tokenizer``."""
+
     def encode(self, text: str, bos: bool | None = None, eos: bool = False, allow_special: bool = False) -> list[int]:
         """Token ids of ``text``; ``bos=None`` adds BOS when the model expects it."""
         ids = self._encode(text, allow_special)
@@ -220,6 +226,9 @@ class HFTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return len(self._pieces)
+
+    def save(self, path: str | os.PathLike) -> None:
+        self._tok.save(str(path))
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         self._tok.encode_special_tokens = not allow_special  # specials as plain text when not allowed
@@ -377,6 +386,9 @@ class SentencePieceTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_bytes(self._sp.serialized_model_proto())
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         # sentencepiece never matches control pieces in text, so split them out first; each
@@ -540,6 +552,7 @@ class TiktokenTokenizer(Tokenizer):
     def __init__(self, ranks: dict[bytes, int], name: str = "llama3") -> None:
         import tiktoken
 
+        self._ranks = ranks
         base = len(ranks)
         self.special_tokens = {t: base + i for i, t in enumerate(llama3_special_tokens())}
         self._enc = tiktoken.Encoding(name=name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
@@ -552,6 +565,10 @@ class TiktokenTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._enc.n_vocab
+
+    def save(self, path: str | os.PathLike) -> None:
+        lines = (f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(self._ranks.items(), key=lambda kv: kv[1]))
+        Path(path).write_text("".join(lines))
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         return self._enc.encode(text, allowed_special="all" if allow_special else set(), disallowed_special=())
@@ -587,18 +604,34 @@ def _is_tiktoken_file(path: Path) -> bool:
 # ---------------------------------------------------------------------------------------
 
 
-def load_tokenizer(path: Any) -> Tokenizer:
+def load_tokenizer(path: Any, *, bos_id: int | None = None, eos_ids: Sequence[int] | None = None,
+                   add_bos: bool | None = None, chat_template: str | None = None) -> Tokenizer:
     """The tokenizer in a file or folder (see the module docstring), or embedded in a GGUF.
 
-    ``path`` may also be an already opened ``execupy.llm.gguf_loader.GGUFFile``.
+    ``path`` may also be an already opened ``execupy.llm.gguf_loader.GGUFFile``. The keyword
+    arguments, when given, replace what the files say (a runner passes the values stored in
+    the program's metadata).
     """
+    tok = _load_tokenizer(path)
+    if bos_id is not None:
+        tok.bos_id = bos_id
+    if eos_ids is not None:
+        tok.eos_ids = tuple(eos_ids)
+    if add_bos is not None:
+        tok.add_bos = add_bos
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
+
+
+def _load_tokenizer(path: Any) -> Tokenizer:
     if hasattr(path, "metadata") and hasattr(path, "tensors"):  # an opened GGUFFile
         return tokenizer_from_gguf_metadata(path.metadata)
     path = Path(path)
     if path.is_dir():
         for name in ("tokenizer.json", "tokenizer.model", "tokenizer.bin"):
             if (path / name).is_file():
-                return load_hf_tokenizer(path) if name == "tokenizer.json" else load_tokenizer(path / name)
+                return load_hf_tokenizer(path) if name == "tokenizer.json" else _load_tokenizer(path / name)
         raise TokenizerError(f"{path}: no tokenizer.json, tokenizer.model or tokenizer.bin")
     if not path.is_file():
         raise TokenizerError(f"{path}: no such tokenizer file")

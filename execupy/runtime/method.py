@@ -349,8 +349,14 @@ class Method:
             )
         if not ins.args:
             raise MalformedProgramError(f"method {self.name!r}: instruction {pc} ({key}) has no arguments")
-        parts = [self._arg(a) for a in ins.args[:-1]]
-        store = self._store_fn(ins.args[-1])
+        if key == "executorch_prim::et_copy_index.tensor":
+            # map loops: the emitter writes no return slot; all three args are inputs and the
+            # grown stacked output (DYNAMIC_BOUND) replaces argument 0.
+            parts = [self._arg(a) for a in ins.args]
+            store = self._store_fn(ins.args[0])
+        else:
+            parts = [self._arg(a) for a in ins.args[:-1]]
+            store = self._store_fn(ins.args[-1])
         if all(static for static, _ in parts):
             args = tuple(p for _, p in parts)
             ret = ins.args[-1]

@@ -74,13 +74,14 @@ def layout_segments(
     Returns the DataSegment list (offsets relative to the segment base) and the bytes
     from the segment base to the end of the last segment (gaps zero-filled).
     """
-    segments, out = [], bytearray()
+    segments, pieces, end = [], [], 0
     for data in segment_data:
-        start = align_up(len(out), segment_alignment)
-        out += bytes(start - len(out))
-        out += data
-        segments.append(P.DataSegment(offset=start, size=len(data)))
-    return segments, bytes(out)
+        size = memoryview(data).nbytes
+        start = align_up(end, segment_alignment)
+        pieces += [bytes(start - end), data]  # joined once below: large weights are copied once
+        segments.append(P.DataSegment(offset=start, size=size))
+        end = start + size
+    return segments, b"".join(pieces)
 
 
 def pack_constants(blobs: Sequence[BytesLike], alignment: int = 16) -> tuple[bytes, list[int]]:

@@ -43,7 +43,8 @@ def two_methods():
     torch.manual_seed(0)
     enc = Encoder().eval()
     dec = Decoder(enc).eval()
-    x, h, s = torch.randn(2, 4), torch.randn(2, 3), torch.tensor(2.0)
+    # (1,) not 0-dim: reference_run.py feeds inputs through np.ascontiguousarray, which makes 0-dim 1-dim.
+    x, h, s = torch.randn(2, 4), torch.randn(2, 3), torch.tensor([2.0])
     programs = {"forward": export(enc, (x,)), "decode": export(dec, (h, s))}
     prog = to_edge(programs, constant_methods=CONSTANTS).to_executorch()
     return enc, dec, (x,), (h, s), prog
@@ -119,6 +120,18 @@ def test_transform_applies_user_graph_passes():
     assert torch.ops.aten.sigmoid.default in targets and torch.ops.aten.relu.default not in targets
     got = Module(edge.to_executorch().buffer).forward(x.numpy())
     np.testing.assert_allclose(got, torch.sigmoid(model.lin(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_transform_accepts_exported_program_passes():
+    seen = []
+
+    def record(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+        seen.append(sum(1 for n in ep.graph.nodes if n.op == "call_function"))
+        return ep
+
+    edge = to_edge(export(Encoder().eval(), (torch.randn(2, 4),))).transform([record])
+    assert seen == [3]  # permute, addmm, relu
+    assert edge.exported_program() is not None
 
 
 # ---------------------------------------------------------------------------- errors

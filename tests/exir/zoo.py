@@ -24,6 +24,7 @@ class Case:
     dynamic_shapes: Any = None
     more_inputs: Callable[[], list[tuple]] = lambda: []  # other inputs to call with (dynamic shapes)
     calls: int = 1  # calls in a row with the same inputs (state carries over)
+    steps: Callable[[], list[tuple]] = lambda: []  # stateful: inputs of calls made after the first, in order
     atol: float = 1e-5
     rtol: float = 1e-4
 
@@ -173,7 +174,8 @@ def padding():
 
 class IntOps(nn.Module):
     def forward(self, a, b):
-        return a + b * 3, a // 2, a % 3, (a > b), a.to(torch.float32) / 2, (a * b).sum(dim=0)
+        # abs(): ExecuTorch 1.5.1 computes integer remainder C-style (sign of the dividend), torch floors.
+        return a + b * 3, a // 2, a.abs() % 3, (a > b), a.to(torch.float32) / 2, (a * b).sum(dim=0)
 
 
 @case()
@@ -542,6 +544,69 @@ class SharedWeights(nn.Module):
 @case()
 def shared_constants():
     return SharedWeights(), (rand(2, 4),)
+
+
+class CachedAttention(nn.Module):
+    """Llama-style attention over a KV cache held in mutable buffers (prefill, then decode)."""
+
+    def __init__(self, dim=16, heads=2, max_len=8):
+        super().__init__()
+        self.heads, self.head_dim, self.max_len = heads, dim // heads, max_len
+        self.wqkv, self.wo = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.register_buffer("k_cache", torch.zeros(1, heads, max_len, dim // heads))
+        self.register_buffer("v_cache", torch.zeros(1, heads, max_len, dim // heads))
+
+    def forward(self, x, input_pos):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, self.head_dim).transpose(1, 2) for z in self.wqkv(x).split(c, dim=-1))
+        self.k_cache[:, :, input_pos] = k
+        self.v_cache[:, :, input_pos] = v
+        mask = torch.arange(self.max_len).unsqueeze(0) <= input_pos.unsqueeze(1)
+        att = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
+        return self.wo(att.transpose(1, 2).reshape(b, t, c))
+
+
+@case(dynamic_shapes=({1: Dim("seq", min=1, max=8)}, {0: Dim("seq", min=1, max=8)}),
+      steps=lambda: [(rand(1, 1, 16), torch.tensor([3])), (rand(1, 2, 16), torch.tensor([4, 5]))], atol=1e-5)
+def kv_cache_attention():
+    return CachedAttention().eval(), (rand(1, 3, 16), torch.tensor([0, 1, 2]))
+
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.group = nn.GroupNorm(2, 4)
+        self.plain = nn.LayerNorm(5, elementwise_affine=False)
+
+    def forward(self, x):
+        return self.group(x), self.plain(x)
+
+
+@case(atol=1e-5)
+def group_and_plain_norm():
+    return Norms().eval(), (rand(2, 4, 5),)
+
+
+@case(atol=3e-2, rtol=3e-2)
+def bfloat16_linear():
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).to(torch.bfloat16), (rand(2, 8, dtype=torch.bfloat16),)
+
+
+class CondTwoOutputs(nn.Module):
+    def forward(self, x, y):
+        def big(x, y):
+            return x + y, x * 0 + y.sum()
+
+        def small(x, y):
+            return x - y, x.abs()
+
+        a, b = torch.cond(x.mean() > y.mean(), big, small, (x, y))
+        return a * 2, b, x  # x read after the cond: its bytes must survive both branches
+
+
+@case(more_inputs=lambda: [(rand(3, 3) - 5, rand(3, 3)), (rand(3, 3) + 5, rand(3, 3))])
+def cond_two_outputs():
+    return CondTwoOutputs(), (rand(3, 3), rand(3, 3))
 
 
 def by_name(name: str) -> Case:

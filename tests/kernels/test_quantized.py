@@ -37,9 +37,19 @@ def test_quantize_per_tensor_rounds_half_to_even_and_clamps(qtype, ftype):
     qmin, qmax = qrange(qtype)
     scale, zp = 0.0125, (3 if qtype != torch.uint8 else 128)
     x = spread((4, 16), ftype, seed=1)
-    x.view(-1)[:8] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1e6, -1e6]).to(ftype) * scale  # ties, clamps
+    x.view(-1)[:8] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3e4, -3e4]).to(ftype) * scale  # ties, clamps
     expected = qd.quantize_per_tensor(x, scale, zp, qmin, qmax, qtype)
     run_out("quantized_decomposed::quantize_per_tensor.out", expected, to_np(x), scale, zp, qmin, qmax, code(qtype))
+
+
+def test_quantize_per_tensor_clamps_to_exact_int32_bounds():
+    # torch clamps in float32, where 2**31 - 1 rounds up to 2**31 and the cast then overflows;
+    # the kernel clamps in float64 so the bounds hold exactly (as ExecuTorch's kernel does).
+    x = np.array([np.inf, -np.inf, 3e38, -3e38], np.float32)
+    info = np.iinfo(np.int32)
+    q = run("quantized_decomposed::quantize_per_tensor.out", x, 0.5, 0, int(info.min), int(info.max),
+            code(torch.int32), np.zeros(4, np.int32))
+    assert q.tolist() == [info.max, info.min, info.max, info.min]
 
 
 def test_quantize_per_tensor_honours_a_narrow_quant_range():

@@ -118,10 +118,24 @@ def binary(ufunc: Callable, a: Any, b: Any, out: np.ndarray, dtype: Optional[np.
     dtype = compute_dtype(out.dtype) if dtype is None else dtype
     a, b = operand(a, dtype), operand(b, dtype)
     with np.errstate(all="ignore"):
-        if dtype == out.dtype and np.broadcast_shapes(a.shape, b.shape) == out.shape:
+        if dtype == out.dtype:
+            return apply_into(ufunc, a, b, out)
+        return write(out, ufunc(a, b))
+
+
+def apply_into(ufunc: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`ufunc(a, b)` written straight into `out` when the broadcast result has out's shape
+    (out's dtype must be the ufunc's result dtype), else returned as a new array."""
+    if a.shape == out.shape or b.shape == out.shape:  # cheap common case; broadcast_shapes costs µs
+        try:
             ufunc(a, b, out=out)
             return out
-        return write(out, ufunc(a, b))
+        except ValueError:  # the operands broadcast to a larger shape (dynamic shapes)
+            pass
+    elif np.broadcast_shapes(a.shape, b.shape) == out.shape:
+        ufunc(a, b, out=out)
+        return out
+    return write(out, ufunc(a, b))
 
 
 def _scaled(b: Any, alpha: Any, dtype: np.dtype) -> Any:

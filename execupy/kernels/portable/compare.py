@@ -7,13 +7,13 @@ widen a tensor of its own category: `uint8_tensor == -1` compares with 255, and
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
 from ...runtime.registry import register_kernel
 from ._util import compute_dtype, is_float, write
-from .binary import BOOL, binary, check_scalar_fits, operand, result_type
+from .binary import BOOL, apply_into, binary, check_scalar_fits, operand, result_type
 
 # ----------------------------------------------------------------------------- comparisons
 
@@ -24,9 +24,8 @@ def compare(ufunc: Callable, a: Any, b: Any, out: np.ndarray) -> np.ndarray:
     common = result_type(a, b)
     dtype = compute_dtype(common)
     a, b = operand(operand(a, common), dtype), operand(operand(b, common), dtype)
-    if out.dtype == BOOL and np.broadcast_shapes(a.shape, b.shape) == out.shape:
-        ufunc(a, b, out=out)
-        return out
+    if out.dtype == BOOL:
+        return apply_into(ufunc, a, b, out)
     return write(out, ufunc(a, b))
 
 

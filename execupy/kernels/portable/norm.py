@@ -40,7 +40,7 @@ def native_layer_norm(x: np.ndarray, normalized_shape: Sequence[int], weight: Op
                       bias: Optional[np.ndarray], eps: float, out: np.ndarray, mean_out: np.ndarray,
                       rstd_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     k = len(normalized_shape)
-    if tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape) or k > x.ndim:
+    if k > x.ndim or tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape):
         raise ValueError(f"layer_norm: normalized_shape {tuple(normalized_shape)} does not end input shape {x.shape}")
     dtype = compute_dtype(x.dtype)
     xs = _float(x, dtype)

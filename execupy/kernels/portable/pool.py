@@ -4,10 +4,10 @@ Every kernel treats the trailing 2 (or 3) dims as spatial and any leading dims a
 so unbatched (C, H, W) inputs work like ATen's.
 
 Fixed-window pooling pads the input once and reduces a strided view of it
-(`sliding_window_view`, then stride and dilation by slicing): no copy per window except
-for the arg-max, which needs each window flattened. Adaptive pooling has windows of
-varying length, so it gathers each window's positions (padded to the longest window,
-the extra positions masked out).
+(`sliding_window_view`, then stride and dilation by slicing) one kernel tap at a time:
+each step is a whole-output array operation, nothing is copied per window. Adaptive
+pooling has windows of varying length, so it gathers each window's positions (padded to
+the longest window, the extra positions masked out).
 
 ATen conventions reproduced here:
 * output length (`pooling_output_shape`): floor or ceil of the window count, and in
@@ -104,13 +104,23 @@ def _avg_pool(x, k, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     dtype = compute_dtype(out.dtype) if floating else INT64
     xc = x.astype(dtype, copy=False)
     win = _windows(xc, k, kernel, stride, padding, dilation, osize, 0)
-    total = win.sum(axis=tuple(range(-k, 0)), dtype=dtype)
+    total = _window_sum(win, k)
     divisor = _avg_divisor(x.shape[-k:], kernel, stride, padding, osize, count_include_pad, divisor_override)
     if floating:
         return write(out, total / divisor.astype(dtype))
     # integer average: C++ division truncates toward zero
     q = np.abs(total) // divisor
     return write(out, np.where(total < 0, -q, q))
+
+
+def _window_sum(win: np.ndarray, k: int) -> np.ndarray:
+    """Sum over the last k (tap) axes, one tap at a time: numpy reduces a few short strided
+    axes far slower than it adds whole strided planes."""
+    taps = list(np.ndindex(*win.shape[-k:]))
+    total = win[(Ellipsis, *taps[0])].copy()
+    for tap in taps[1:]:
+        total += win[(Ellipsis, *tap)]
+    return total
 
 
 def _avg_divisor(spatial, kernel, stride, padding, osize, count_include_pad, divisor_override) -> np.ndarray:
@@ -158,20 +168,25 @@ def _max_dtype(dtype: np.dtype) -> np.dtype:
     return compute_dtype(dtype)
 
 
-def _window_max(flat: np.ndarray, floating: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Max and arg-max over the last axis of `flat`, ATen style: first maximum wins, except
-    that a NaN beats everything and a later NaN replaces an earlier one.
-    Returns (values, positions, all_lowest) where all_lowest marks windows whose max is
-    the padding value (their position must be the first valid one instead)."""
-    pos = np.argmax(flat, axis=-1)  # numpy's argmax stops at the first NaN
-    if floating:
-        nan = np.isnan(flat)
-        has_nan = nan.any(axis=-1)
-        if has_nan.any():
-            last_nan = flat.shape[-1] - 1 - np.argmax(nan[..., ::-1], axis=-1)
-            pos = np.where(has_nan, last_nan, pos)
-    values = np.take_along_axis(flat, pos[..., None], axis=-1)[..., 0]
-    return values, pos, values == _lowest(flat.dtype)
+def _window_max(win: np.ndarray, k: int, floating: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Max and arg-max over the last k (tap) axes of `win`, scanning taps in row-major order
+    with ATen's rule: take a tap when it is greater than the best so far or is NaN. So the
+    first maximum wins, a NaN beats every number and a later NaN replaces an earlier one.
+    One pass per tap over the output keeps memory flat (no flattened window copy).
+    Returns (values, flat tap positions, all_lowest) where all_lowest marks windows whose
+    max is the padding value (their index must be the first valid element instead)."""
+    taps = list(np.ndindex(*win.shape[-k:]))
+    values = win[(Ellipsis, *taps[0])].copy()
+    pos = np.zeros(values.shape, dtype=INT64)
+    take = np.empty(values.shape, dtype=bool)
+    for t, tap in enumerate(taps[1:], start=1):
+        v = win[(Ellipsis, *tap)]
+        np.greater(v, values, out=take)
+        if floating:
+            take |= np.isnan(v)
+        np.copyto(values, v, where=take)
+        np.copyto(pos, t, where=take)
+    return values, pos, values == _lowest(win.dtype)
 
 
 def _flat_index(coords: Sequence[np.ndarray], spatial: Sequence[int]) -> np.ndarray:
@@ -197,8 +212,7 @@ def _max_pool(x, k, kernel_size, stride, padding, dilation, ceil_mode, out, indi
     floating = is_float(dtype)
     xc = x.astype(dtype, copy=False)
     win = _windows(xc, k, kernel, stride, padding, dilation, osize, _lowest(dtype))
-    flat = win.reshape(*win.shape[:-k], -1)
-    values, pos, all_lowest = _window_max(flat, floating)
+    values, pos, all_lowest = _window_max(win, k, floating)
     # window tap -> input coordinate along each dim
     taps = np.unravel_index(pos, kernel)
     starts = [np.arange(o, dtype=INT64) * st - p for o, st, p in zip(osize, stride, padding)]
@@ -280,11 +294,10 @@ def _adaptive_max(x, k, output_size, out, indices, name):
     win, valid, parts, osize = _adaptive_gather(x.astype(dtype, copy=False), k, output_size, name)
     win = np.where(valid, win, _lowest(dtype))
     lead = x.ndim - k
-    # (..., O1, L1, O2, L2) -> (..., O1, O2, L1*L2)
+    # (..., O1, L1, O2, L2) -> (..., O1, O2, L1, L2)
     order = list(range(lead)) + [lead + 2 * i for i in range(k)] + [lead + 2 * i + 1 for i in range(k)]
     lengths = [p[0].shape[1] for p in parts]
-    flat = win.transpose(order).reshape(*x.shape[:lead], *osize, -1)
-    values, pos, all_lowest = _window_max(flat, is_float(dtype))
+    values, pos, all_lowest = _window_max(win.transpose(order), k, is_float(dtype))
     taps = np.unravel_index(pos, lengths)
     coords = []
     for i, (_, _, start) in enumerate(parts):

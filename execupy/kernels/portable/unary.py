@@ -83,7 +83,8 @@ _ERF_SMALL, _ERFCX_MID = _fit_erf()
 
 def erf_f64(x: np.ndarray) -> np.ndarray:
     """erf in float64 (NaN stays NaN, +-inf gives +-1)."""
-    x = np.asarray(x, np.float64)
+    shape = np.shape(x)
+    x = np.asarray(x, np.float64).reshape(-1)  # 1-d, so that masked assignment works for 0-dim input
     ax = np.abs(x)
     result = np.sign(x)  # the |x| >= 6 answer, and NaN for NaN
     small = ax < 1.0
@@ -92,7 +93,7 @@ def erf_f64(x: np.ndarray) -> np.ndarray:
     mid = (ax >= 1.0) & (ax < 6.0)
     xm = ax[mid]
     result[mid] = np.sign(x[mid]) * (1.0 - np.exp(-xm * xm) * _ERFCX_MID(xm))
-    return result
+    return result.reshape(shape)
 
 
 # ----------------------------------------------------------------------------- dtype-preserving ops
@@ -119,8 +120,8 @@ def _sign(x: np.ndarray) -> np.ndarray:
     if x.dtype == BOOL:
         return x
     s = np.sign(x)
-    if is_float(x.dtype):
-        s[np.isnan(s)] = 0  # ATen: sign(NaN) = 0 (it computes (0 < x) - (x < 0))
+    if is_float(x.dtype):  # ATen: sign(NaN) = 0 (it computes (0 < x) - (x < 0))
+        s = np.where(np.isnan(s), s.dtype.type(0), s)
     return s
 
 

@@ -77,10 +77,17 @@ def _check_input(x: np.ndarray, k: int, name: str) -> None:
 # ----------------------------------------------------------------------------- nearest
 
 
-def _nearest_source(in_size: int, out_size: int, scale: Optional[float], exact: bool) -> np.ndarray:
+def _nearest_source(in_size: int, out_size: int, scale: Optional[float], exact: bool,
+                    shortcuts: bool = False) -> np.ndarray:
     """ATen's `nearest_idx` (float32 arithmetic) or its `_exact` variant (half-pixel centres).
-    A given scale factor is used as is (1/scale), even where in/out would differ slightly."""
+    A given scale factor is used as is (1/scale), even where in/out would differ slightly,
+    except with `shortcuts`: then equal sizes copy and doubled sizes halve the index
+    whatever the scale (torch's 2-D CPU kernel does this; its 1-D and 3-D ones do not)."""
     dst = np.arange(out_size, dtype=INT64)
+    if shortcuts and out_size == in_size:
+        return dst
+    if shortcuts and out_size == 2 * in_size:
+        return dst >> 1
     s = _scale(in_size, out_size, scale, np.dtype(np.float32))
     if exact:
         src = np.floor((dst.astype(np.float32) + np.float32(0.5)) * s)
@@ -93,7 +100,7 @@ def _nearest(x: np.ndarray, k: int, size, scales, exact: bool, out: np.ndarray, 
     _check_input(x, k, name)
     y = x
     for i in range(k):
-        src = _nearest_source(x.shape[2 + i], size[i], scales[i], exact)
+        src = _nearest_source(x.shape[2 + i], size[i], scales[i], exact, shortcuts=(k == 2 and not exact))
         y = np.take(y, src, axis=2 + i)
     return write(out, y)
 
@@ -216,22 +223,26 @@ ZEROS, BORDER, REFLECTION = 0, 1, 2
 
 
 def _unnormalize(coord: np.ndarray, size: int, align_corners: bool) -> np.ndarray:
-    """[-1, 1] -> pixel coordinates: corner pixel centres (align_corners) or image edges."""
+    """[-1, 1] -> pixel coordinates: corner pixel centres (align_corners) or image edges.
+    Written as torch's vectorized CPU kernel computes it, for the same rounding."""
     if align_corners:
-        return (coord + 1) / 2 * (size - 1)
-    return ((coord + 1) * size - 1) / 2
+        return (coord + 1) * coord.dtype.type((size - 1) / 2)
+    return (coord + 1) * coord.dtype.type(size / 2) - coord.dtype.type(0.5)
 
 
-def _reflect(coord: np.ndarray, twice_low: int, twice_high: int) -> np.ndarray:
-    """Fold coordinates into [twice_low/2, twice_high/2] by reflecting at the edges."""
-    if twice_low == twice_high:
-        return np.zeros_like(coord)
-    low = coord.dtype.type(twice_low / 2)
-    span = coord.dtype.type((twice_high - twice_low) / 2)
-    c = np.abs(coord - low)
-    extra = np.fmod(c, span)
-    flips = np.floor(c / span)
-    return np.where(flips % 2 == 0, extra + low, span - extra + low)
+def _reflect(coord: np.ndarray, size: int, align_corners: bool) -> np.ndarray:
+    """Fold coordinates into the image by mirroring at its edges: at the corner pixel centres
+    (align_corners) or at the outer pixel edges (-0.5 and size - 0.5)."""
+    t = coord.dtype.type
+    if align_corners:
+        if size <= 1:
+            return np.zeros_like(coord)
+        low, twice_span = t(0), t(2 * (size - 1))
+    else:
+        low, twice_span = t(-0.5), t(2 * size)
+    distance = np.abs(coord - low)
+    extra = distance - np.trunc(distance / twice_span) * twice_span
+    return np.minimum(extra, twice_span - extra) + low
 
 
 def _apply_padding(coord: np.ndarray, size: int, padding_mode: int, align_corners: bool) -> np.ndarray:
@@ -240,10 +251,7 @@ def _apply_padding(coord: np.ndarray, size: int, padding_mode: int, align_corner
     if padding_mode == ZEROS:
         return coord
     if padding_mode == REFLECTION:
-        if align_corners:
-            coord = _reflect(coord, 0, 2 * (size - 1))
-        else:
-            coord = _reflect(coord, -1, 2 * size - 1)
+        coord = _reflect(coord, size, align_corners)
     coord = np.clip(coord, 0, size - 1)
     return np.where(np.isnan(coord), coord.dtype.type(0), coord)
 

@@ -1,0 +1,124 @@
+"""What the emitter writes, checked against the conventions of pte-format.md §3."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.export import Dim, export
+
+from execupy.exir import to_edge
+from execupy.exir import memory_planning as mp
+from execupy.schema import program as P
+from execupy.schema import read_pte
+
+from . import zoo
+
+
+def emitted(model: nn.Module, args: tuple, dynamic_shapes=None) -> tuple[P.Program, P.ExecutionPlan]:
+    prog = to_edge(export(model, args, dynamic_shapes=dynamic_shapes)).to_executorch()
+    program = read_pte(prog.buffer).program
+    return program, program.execution_plan[0]
+
+
+def kernel_calls(plan: P.ExecutionPlan) -> list[tuple[str, list[int]]]:
+    return [(plan.operators[i.op_index].key, i.args) for i in plan.chains[0].instructions
+            if isinstance(i, P.KernelCall)]
+
+
+def test_linear_is_permute_then_addmm_with_out_twice():
+    torch.manual_seed(0)
+    _, plan = emitted(nn.Linear(4, 3), (torch.randn(2, 4),))
+    calls = kernel_calls(plan)
+    assert [k for k, _ in calls] == ["aten::permute_copy.out", "aten::addmm.out"]
+    key, args = calls[1]
+    assert args[-1] == args[-2] == plan.outputs[0]  # out, then the return slot (§3.6)
+    beta, alpha = plan.values[args[3]], plan.values[args[4]]
+    assert beta == P.Int(1) and alpha == P.Int(1)
+    assert plan.non_const_buffer_sizes[0] == 0 and plan.non_const_buffer_sizes[1] > 0
+
+
+def test_mutable_buffer_is_planned_and_written_back_last():
+    program, plan = emitted(zoo.Counter(), (torch.randn(2, 3),))
+    *_, (key, args) = kernel_calls(plan)
+    assert key == "aten::copy_"
+    buf, _, non_blocking, ret = args
+    assert ret == buf and plan.values[non_blocking] == P.Bool(False)
+    state = plan.values[buf]
+    assert state.allocation_info is not None and state.data_buffer_idx == 1  # initial value kept (§1.6)
+    assert program.mutable_data_segments[0].segment_index == 1
+    assert buf not in plan.inputs and buf not in plan.outputs
+
+
+class Views(nn.Module):
+    def forward(self, x):
+        y = (x + 1).view(6) * 2  # an inner static view: no instruction
+        return y, y.view(2, 3)  # a returned view: a real view_copy
+
+
+def test_static_inner_view_aliases_and_output_view_copies():
+    _, plan = emitted(Views(), (torch.randn(2, 3),))
+    keys = [k for k, _ in kernel_calls(plan)]
+    assert keys.count("aten::view_copy.out") == 1
+    add_out = kernel_calls(plan)[0][1][-1]
+    mul_self = kernel_calls(plan)[1][1][0]
+    assert add_out != mul_self  # two values ...
+    assert plan.values[add_out].allocation_info == plan.values[mul_self].allocation_info  # ... one storage
+
+
+def test_cond_is_jumps_and_moves():
+    _, plan = emitted(zoo.CondModel().eval(), (torch.randn(2, 4),))
+    instructions = plan.chains[0].instructions
+    jumps = [(pc, i) for pc, i in enumerate(instructions) if isinstance(i, P.JumpFalseCall)]
+    moves = [pc for pc, i in enumerate(instructions) if isinstance(i, P.MoveCall)]
+    (first_pc, first), (skip_pc, skip) = jumps
+    assert first.destination_instruction == skip_pc + 1  # false branch starts after the skip jump
+    assert skip.destination_instruction == len(instructions)
+    assert plan.values[skip.cond_value_index] == P.Bool(False)
+    assert plan.values[first.cond_value_index].scalar_type == P.ScalarType.BOOL
+    assert moves == [skip_pc - 1, len(instructions) - 1]
+
+
+class Flatten(nn.Module):
+    def forward(self, x):
+        return (x * 2).reshape(-1), x.shape[1] * 2
+
+
+def test_dynamic_tensor_stores_upper_bound_and_sym_size_feeds_ints():
+    _, plan = emitted(Flatten(), (torch.randn(2, 4),), ({1: Dim("seq", min=2, max=12)},))
+    x = plan.values[plan.inputs[0]]
+    assert x.sizes == [2, 12] and x.shape_dynamism == P.TensorShapeDynamism.DYNAMIC_BOUND
+    keys = [k for k, _ in kernel_calls(plan)]
+    assert "aten::sym_size.int" in keys and "executorch_prim::mul.Scalar" in keys
+    assert isinstance(plan.values[plan.outputs[-1]], P.Int)  # tokens.shape[1] * 2 is an Int output
+
+
+def test_identical_constants_share_bytes():
+    _, plan = emitted(zoo.SharedWeights(), (torch.randn(2, 4),))
+    weights = [v for v in plan.values if isinstance(v, P.Tensor) and v.data_buffer_idx and v.sizes == [4, 4]]
+    assert len(weights) == 2 and weights[0].data_buffer_idx == weights[1].data_buffer_idx
+
+
+# ---------------------------------------------------------------------------- memory planning
+
+intervals = st.lists(st.tuples(st.integers(1, 200), st.integers(-1, 30), st.integers(0, 30)), min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(intervals)
+def test_plan_never_overlaps_live_tensors(specs):
+    storages = []
+    for nbytes, start, length in specs:
+        s = mp.Storage(nbytes, tensors=[P.Tensor()])
+        s.touch(start)
+        s.touch(start + length)
+        storages.append(s)
+    arena = mp.plan(storages)
+    for s in storages:
+        assert s.offset % 16 == 0 and s.offset + s.nbytes <= arena
+        assert s.tensors[0].allocation_info.offset == s.offset
+    for a in storages:
+        for b in storages:
+            if a is not b and a.start <= b.end and b.start <= a.end:
+                assert a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
+    assert arena <= mp.naive_size(storages)

