@@ -31,3 +31,18 @@ class KernelError(ExecupyError):
 
 class ExportError(ExecupyError):
     """The exporter cannot turn a model into a program (names the op and source line)."""
+
+
+class MethodNotFoundError(ExecupyError, KeyError):
+    """The program has no method of the requested name."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointError(ExecupyError, ValueError):
+    """A model checkpoint (GGUF, HF folder, Meta folder) cannot be read or is inconsistent."""
+
+
+class TokenizerError(ExecupyError, ValueError):
+    """A tokenizer file cannot be read or does not fit the model."""

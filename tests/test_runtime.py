@@ -2,7 +2,13 @@
 import numpy as np
 import pytest
 
-from execupy.errors import ExecupyError, InvalidInputError, MalformedProgramError, UnsupportedOperatorError
+from execupy.errors import (
+    ExecupyError,
+    InvalidInputError,
+    MalformedProgramError,
+    MethodNotFoundError,
+    UnsupportedOperatorError,
+)
 from execupy.runtime import Module, Program
 from execupy.schema import read_pte
 
@@ -120,7 +126,7 @@ def test_out_of_range_value_index_is_malformed():
 
 
 def test_missing_method_and_not_a_program():
-    with pytest.raises(KeyError, match="no method 'nope'"):
+    with pytest.raises(MethodNotFoundError, match="no method 'nope'"):
         Program.load(corpus("portable-multi_method")).load_method("nope")
     with pytest.raises(MalformedProgramError, match="identifier"):
         Program.load(b"\x00" * 64)

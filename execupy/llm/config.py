@@ -34,13 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from execupy.errors import ExecupyError
+from execupy.errors import CheckpointError  # noqa: F401  (re-exported)
 
 ARCHS = ("llama", "gpt2")
-
-
-class CheckpointError(ExecupyError, ValueError):
-    """A checkpoint is missing, malformed, or of an architecture we do not support."""
 
 
 @dataclass(frozen=True)

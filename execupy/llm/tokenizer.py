@@ -35,11 +35,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Sequence
 
-from execupy.errors import ExecupyError
-
-
-class TokenizerError(ExecupyError, ValueError):
-    """A tokenizer file is missing, malformed or of an unknown kind."""
+from execupy.errors import TokenizerError  # noqa: F401  (re-exported)
 
 
 # GGUF / SentencePiece token types (the same enum in both formats).

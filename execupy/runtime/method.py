@@ -58,12 +58,11 @@ def _numel(sizes: Sequence[int]) -> int:
 class Method:
     """An executable method of a Program. Create it with `Program.load_method(name)`."""
 
-    max_steps_per_call = 50_000_000  # bound on executed instructions when a plan has jumps
-
     def __init__(self, program, plan: P.ExecutionPlan):
         self.program = program
         self.plan = plan
         self.name = plan.name
+        self.max_steps_per_call = program.max_steps_per_call  # bound on executed instructions with jumps
         self._plan_values = plan.values
         self._check_backends()
         n = len(plan.values)
@@ -476,11 +475,13 @@ class Method:
             setter(x)
         pc = 0
         try:
-            if self._has_jumps:
-                self._run_with_jumps()
-            else:
-                for pc, step in enumerate(self._steps):
-                    step()
+            # Kernels follow IEEE semantics (inf/NaN results), as ATen does: no warnings.
+            with np.errstate(all="ignore"):
+                if self._has_jumps:
+                    self._run_with_jumps()
+                else:
+                    for pc, step in enumerate(self._steps):
+                        step()
         except ExecupyError as e:
             if isinstance(e, KernelError) and not str(e).startswith("method "):
                 raise KernelError(f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}): {e}") from e

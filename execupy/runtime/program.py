@@ -9,12 +9,15 @@ from typing import Union
 
 import numpy as np
 
-from ..errors import MalformedProgramError
+from ..errors import MalformedProgramError, MethodNotFoundError
 from ..schema import program as P
 from ..schema.reader import PteFile, read_pte
 
 # Refuse to allocate planned memory beyond this (bytes); hostile files cannot ask for more.
 DEFAULT_MAX_ARENA_BYTES = int(os.environ.get("EXECUPY_MAX_ARENA_BYTES", 16 << 30))
+# Programs with jumps (cond, map loops) stop after this many executed instructions per
+# call, so a corrupted jump cannot hang the caller.
+DEFAULT_MAX_STEPS = int(os.environ.get("EXECUPY_MAX_STEPS_PER_CALL", 2_000_000))
 
 
 @dataclass
@@ -71,8 +74,15 @@ class Program:
     >>> outputs = method.execute([x])
     """
 
-    def __init__(self, pte: PteFile, max_arena_bytes: int = DEFAULT_MAX_ARENA_BYTES, _keepalive=None):
+    def __init__(
+        self,
+        pte: PteFile,
+        max_arena_bytes: int = DEFAULT_MAX_ARENA_BYTES,
+        max_steps_per_call: int = DEFAULT_MAX_STEPS,
+        _keepalive=None,
+    ):
         self.pte = pte
+        self.max_steps_per_call = max_steps_per_call
         self.program = pte.program
         self.max_arena_bytes = max_arena_bytes
         self._keepalive = _keepalive  # the mmap and file that constants point into
@@ -102,7 +112,7 @@ class Program:
         try:
             return self._plans[name]
         except KeyError:
-            raise KeyError(f"program has no method {name!r}; methods: {self.method_names}") from None
+            raise MethodNotFoundError(f"program has no method {name!r}; methods: {self.method_names}") from None
 
     def method_meta(self, name: str) -> MethodMeta:
         plan = self.plan(name)

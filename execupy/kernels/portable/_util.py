@@ -14,7 +14,9 @@ try:
 except ImportError:  # pragma: no cover
     pass
 
-MAX_CREATED_ELEMENTS = 1 << 31  # creation kernels refuse to build larger tensors
+# Creation kernels refuse to build larger tensors: a hostile program must not make us
+# allocate gigabytes from one Int value (32M elements = 256 MiB of int64).
+MAX_CREATED_ELEMENTS = 1 << 25
 
 
 def write(out: np.ndarray, result: Any) -> np.ndarray:

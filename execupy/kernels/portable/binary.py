@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...runtime.registry import register_kernel
-from ._util import compute_dtype, is_float, write
+from ._util import _LOW_PRECISION, compute_dtype, is_float, write
 
 BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
@@ -115,6 +115,10 @@ def operand(x: Any, dtype: np.dtype) -> np.ndarray:
 def binary(ufunc: Callable, a: Any, b: Any, out: np.ndarray, dtype: Optional[np.dtype] = None) -> np.ndarray:
     """Apply `ufunc` to broadcast operands in `dtype` (default: out's compute dtype) and
     store into `out`; straight into it when nothing needs casting or reshaping."""
+    if (dtype is None and type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype == out.dtype
+            and a.shape == b.shape == out.shape and out.dtype not in _LOW_PRECISION):
+        ufunc(a, b, out=out)  # the hot case; Method.execute already silences FP warnings
+        return out
     dtype = compute_dtype(out.dtype) if dtype is None else dtype
     a, b = operand(a, dtype), operand(b, dtype)
     with np.errstate(all="ignore"):
