@@ -12,3 +12,12 @@ from .program import (  # noqa: F401
     ExecutorchProgramManager,
     to_edge,
 )
+from .backend import (  # noqa: F401
+    BackendDetails,
+    DelegationSpec,
+    LoweredBackendModule,
+    PartitionResult,
+    Partitioner,
+    PreprocessResult,
+    to_backend,
+)

