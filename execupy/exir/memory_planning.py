@@ -92,21 +92,37 @@ def plan(storages: list[Storage], memory_id: int = 1) -> int:
     for r in roots:
         if r.start > r.end:  # never used by an instruction (e.g. an unused input)
             r.start = r.end = max(r.end, -1)
-    placed: list[Storage] = []
-    arena = 0
-    for r in sorted(roots, key=lambda s: (-align_up(s.nbytes), s.start)):
-        size = align_up(r.nbytes)
-        offset = 0
-        for other in sorted((p for p in placed if _overlap(p, r)), key=lambda p: p.offset):
-            if offset + size <= other.offset:
-                break  # fits in the gap below `other`
-            offset = max(offset, other.offset + align_up(other.nbytes))
-        r.offset = offset
-        placed.append(r)
-        arena = max(arena, offset + size)
+    # Greedy placement depends on the order tensors are placed in; no single order wins
+    # on every graph, so try a few cheap ones and keep the smallest arena.
+    orders = [
+        lambda s: (-align_up(s.nbytes), s.start),  # largest first (ExecuTorch's greedy)
+        lambda s: (s.start, -align_up(s.nbytes)),  # in allocation order
+        lambda s: (-(s.end - s.start), -align_up(s.nbytes)),  # longest-lived first
+    ]
+    arena, offsets = min((_place(sorted(roots, key=order)) for order in orders), key=lambda p: p[0])
+    for r in roots:
+        r.offset = offset = offsets[id(r)]
         for t in r.tensors:
             t.allocation_info = P.AllocationDetails(memory_id, offset & 0xFFFFFFFF, offset >> 32)
     return arena
+
+
+def _place(order: list[Storage]) -> tuple[int, dict[int, int]]:
+    """First-fit offsets for storages placed in `order`: (arena size, {id(storage): offset})."""
+    placed: list[tuple[Storage, int]] = []
+    offset_of: dict[int, int] = {}
+    arena = 0
+    for r in order:
+        size = align_up(r.nbytes)
+        offset = 0
+        for other, other_offset in sorted((p for p in placed if _overlap(p[0], r)), key=lambda p: p[1]):
+            if offset + size <= other_offset:
+                break  # fits in the gap below `other`
+            offset = max(offset, other_offset + align_up(other.nbytes))
+        placed.append((r, offset))
+        offset_of[id(r)] = offset
+        arena = max(arena, offset + size)
+    return arena, offset_of
 
 
 def naive_size(storages: list[Storage]) -> int:

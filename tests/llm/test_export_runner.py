@@ -151,6 +151,16 @@ def test_cli_generate_prints_only_text_on_stdout(exported, capsys):
     assert json.loads(err.strip().splitlines()[-1])["generated_tokens"] == 10
 
 
+def test_cli_export_llm_writes_program_and_tokenizer(exported, tmp_path, capsys):
+    result, _ = exported
+    hf_folder = result.pte_path.parent / "hf"
+    rc = cli_main(["export-llm", "--hf", str(hf_folder), "--max-seq-len", "16", "-o", str(tmp_path / "m.pte")])
+    out, err = capsys.readouterr()
+    assert rc == 0 and out == "" and "wrote" in err  # progress goes to stderr
+    runner = LLMRunner(tmp_path / "m.pte")
+    assert (tmp_path / "m.tokenizer.json").is_file() and runner.meta.max_seq_len == 16
+
+
 def test_cli_context_overflow_exits_with_a_message(exported, capsys):
     result, _ = exported
     rc = cli_main(["generate", str(result.pte_path), "--prompt", "the quick brown fox " * 40, "--raw"])
