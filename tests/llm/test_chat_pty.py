@@ -1,0 +1,125 @@
+"""`execupy chat` driven through a real pseudo-terminal, as a person at a terminal would.
+
+The tiny random Llama from test_export_runner is exported once; `python -m execupy chat`
+runs with its stdin/stdout on a pty (so `input()` sees a terminal) and stderr in a file.
+Two turns, the second referring to the first, then /quit. With random weights the
+replies are gibberish, so the test asserts structure: a prompt per turn, each turn's
+printed reply equals what LLMRunner.chat gives for the same conversation (greedy), and
+the second turn's prefill holds only the new tokens (the KV cache was kept).
+Every read has a deadline, so a stuck REPL fails the test instead of hanging it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from execupy.llm.export import export_llm
+from execupy.llm.runner import LLMRunner
+from tests.llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
+
+pty = pytest.importorskip("pty")  # POSIX only
+
+REPO = Path(__file__).resolve().parents[2]
+TURNS = ["my name is fox", "what is my name?"]
+NEW_TOKENS = 6
+PROMPT = "> "
+DEADLINE_S = 60.0
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.fixture(scope="module")
+def pte(tmp_path_factory) -> Path:
+    torch.set_num_threads(1)  # the test machines are shared
+    root = tmp_path_factory.mktemp("chat_pty")
+    folder = _write_tiny_model(root / "hf")
+    return export_llm(folder, root / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL).pte_path
+
+
+class Terminal:
+    """A child process on a pty: write lines, read until a marker, with a deadline."""
+
+    def __init__(self, argv: list[str], stderr_path: Path) -> None:
+        self.master, slave = os.openpty()
+        env = {**os.environ, "TERM": "dumb", "PYTHONUNBUFFERED": "1"}
+        with open(stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=err, cwd=REPO, env=env,
+                                         close_fds=True, start_new_session=True)
+        os.close(slave)
+        self.buffer = ""
+
+    def read_until(self, marker: str, timeout: float = DEADLINE_S) -> str:
+        """Everything up to and including the next `marker`; fails after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while marker not in self.buffer:
+            left = end - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"no {marker!r} within {timeout} s; got {self.buffer!r}")
+            ready, _, _ = select.select([self.master], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    chunk = b""
+                if not chunk:
+                    pytest.fail(f"terminal closed before {marker!r}; got {self.buffer!r}")
+                self.buffer += ANSI.sub("", chunk.decode("utf-8", errors="replace"))
+        text, _, self.buffer = self.buffer.partition(marker)
+        return text + marker
+
+    def send(self, line: str) -> None:
+        os.write(self.master, (line + "\n").encode())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def _expected_turns(pte: Path) -> tuple[list[str], list[int], int]:
+    """What the same conversation gives through LLMRunner directly: the replies, the
+    prompt tokens fed per turn, and the length of turn 2's whole rendered conversation."""
+    runner = LLMRunner(pte)
+    replies, fed = [], []
+    for line in TURNS:
+        replies.append(runner.chat(line, NEW_TOKENS))
+        fed.append(runner.stats.prompt_tokens)
+    whole = len(runner.tokenizer.encode_chat(runner.messages[:3]))
+    return replies, fed, whole
+
+
+def test_chat_two_turns_in_a_terminal_keep_the_kv_cache(pte, tmp_path):
+    stderr_path = tmp_path / "stderr.txt"
+    term = Terminal([sys.executable, "-m", "execupy", "chat", str(pte), "--max-new-tokens", str(NEW_TOKENS),
+                     "--stats"], stderr_path)
+    try:
+        assert term.read_until(PROMPT).strip() == ""  # the REPL starts with a bare prompt
+        printed = []
+        for line in TURNS:
+            term.send(line)
+            answer = term.read_until(PROMPT)[: -len(PROMPT)]
+            # The terminal echoes the typed line, then the streamed reply and a newline (as \r\n).
+            answer = answer.replace("\r\n", "\n")
+            assert answer.startswith(line + "\n") and answer.endswith("\n"), answer
+            printed.append(answer[len(line) + 1: -1])
+        term.send("/quit")
+        assert term.proc.wait(timeout=DEADLINE_S) == 0
+    finally:
+        term.close()
+
+    replies, fed, whole = _expected_turns(pte)
+    assert printed == replies  # each turn answered, with what the runner says for that conversation
+    assert all(reply.strip() for reply in printed)
+
+    # One stats line per turn; turn 2 fed only what the conversation added after the cache.
+    stats = [int(m) for m in re.findall(r"prompt (\d+) tokens", stderr_path.read_text())]
+    assert stats == fed
+    assert 0 < stats[1] < whole
