@@ -123,6 +123,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_line(prompt: str) -> str:
+    """input() without readline writes its prompt to stderr on a terminal; keep it on stdout."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from execupy.llm.runner import ContextLengthError, LLMRunner
     from execupy.llm.sampler import Sampler
@@ -133,7 +143,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
           "/reset starts over, /quit (or Ctrl-D) leaves.", file=sys.stderr)
     while True:
         try:
-            line = input("> ")
+            line = _read_line("> ")
         except EOFError:
             print(file=sys.stderr)
             return 0

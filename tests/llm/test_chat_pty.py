@@ -1,7 +1,8 @@
 """`execupy chat` driven through a real pseudo-terminal, as a person at a terminal would.
 
 The tiny random Llama from test_export_runner is exported once; `python -m execupy chat`
-runs with its stdin/stdout on a pty (so `input()` sees a terminal) and stderr in a file.
+runs with stdin, stdout and stderr on one pty, as in a terminal (`input()` then writes its
+prompt on stderr, and the --stats lines come there too).
 Two turns, the second referring to the first, then /quit. With random weights the
 replies are gibberish, so the test asserts structure: a prompt per turn, each turn's
 printed reply equals what LLMRunner.chat gives for the same conversation (greedy), and
@@ -46,12 +47,11 @@ def pte(tmp_path_factory) -> Path:
 class Terminal:
     """A child process on a pty: write lines, read until a marker, with a deadline."""
 
-    def __init__(self, argv: list[str], stderr_path: Path) -> None:
+    def __init__(self, argv: list[str]) -> None:
         self.master, slave = os.openpty()
         env = {**os.environ, "TERM": "dumb", "PYTHONUNBUFFERED": "1"}
-        with open(stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=err, cwd=REPO, env=env,
-                                         close_fds=True, start_new_session=True)
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env=env,
+                                     close_fds=True, start_new_session=True)
         os.close(slave)
         self.buffer = ""
 
@@ -96,20 +96,21 @@ def _expected_turns(pte: Path) -> tuple[list[str], list[int], int]:
     return replies, fed, whole
 
 
-def test_chat_two_turns_in_a_terminal_keep_the_kv_cache(pte, tmp_path):
-    stderr_path = tmp_path / "stderr.txt"
+def test_chat_two_turns_in_a_terminal_keep_the_kv_cache(pte):
     term = Terminal([sys.executable, "-m", "execupy", "chat", str(pte), "--max-new-tokens", str(NEW_TOKENS),
-                     "--stats"], stderr_path)
+                     "--stats"])
     try:
-        assert term.read_until(PROMPT).strip() == ""  # the REPL starts with a bare prompt
-        printed = []
+        assert term.read_until(PROMPT).startswith("loaded ")  # the banner, then the first prompt
+        printed, stats = [], []
         for line in TURNS:
             term.send(line)
-            answer = term.read_until(PROMPT)[: -len(PROMPT)]
-            # The terminal echoes the typed line, then the streamed reply and a newline (as \r\n).
-            answer = answer.replace("\r\n", "\n")
+            answer = term.read_until(PROMPT)[: -len(PROMPT)].replace("\r\n", "\n")  # the tty writes \r\n
+            # The terminal echoes the typed line; then the streamed reply, a newline, the stats line.
             assert answer.startswith(line + "\n") and answer.endswith("\n"), answer
-            printed.append(answer[len(line) + 1: -1])
+            reply, _, stats_line = answer[len(line) + 1: -1].rpartition("\n")
+            assert stats_line.startswith("load ") and "stop: " in stats_line, answer
+            printed.append(reply)
+            stats.append(int(re.search(r"prompt (\d+) tokens", stats_line).group(1)))
         term.send("/quit")
         assert term.proc.wait(timeout=DEADLINE_S) == 0
     finally:
@@ -118,8 +119,6 @@ def test_chat_two_turns_in_a_terminal_keep_the_kv_cache(pte, tmp_path):
     replies, fed, whole = _expected_turns(pte)
     assert printed == replies  # each turn answered, with what the runner says for that conversation
     assert all(reply.strip() for reply in printed)
-
-    # One stats line per turn; turn 2 fed only what the conversation added after the cache.
-    stats = [int(m) for m in re.findall(r"prompt (\d+) tokens", stderr_path.read_text())]
+    # Turn 2 fed only what the conversation added after the cache, not the whole of it again.
     assert stats == fed
     assert 0 < stats[1] < whole
