@@ -72,6 +72,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop once the generated text contains TEXT (repeatable)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     _add_sampling(p)
     p.set_defaults(func=cmd_generate)
@@ -117,7 +119,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     runner = LLMRunner(args.model, args.tokenizer)
     chat = bool(runner.tokenizer.chat_template) and not args.raw
     runner.generate(args.prompt, args.max_new_tokens, sampler, chat=chat, ignore_eos=args.ignore_eos,
-                    callback=_stream)
+                    callback=_stream, stop=args.stop)
     sys.stdout.write("\n")
     _print_stats(args, runner.stats)
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,16 @@ class ContextLengthError(InvalidInputError):
     """The prompt plus the tokens to generate do not fit the program's context."""
 
 
+def peak_memory_mb() -> float:
+    """Peak resident set size of this process in MiB (0 where the OS does not tell)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
+
+
 @dataclass
 class GenerationStats:
     load_s: float = 0.0
@@ -38,7 +49,8 @@ class GenerationStats:
     prefill_s: float = 0.0  # the prompt's forward calls
     time_to_first_token_s: float = 0.0  # from the start of generate() to the first new token
     decode_s: float = 0.0  # every forward call after the first new token
-    stop_reason: str = ""  # "eos", "max_new_tokens" or "context"
+    stop_reason: str = ""  # "eos", "stop_string", "max_new_tokens" or "context"
+    peak_memory_mb: float = 0.0  # the process's peak resident memory so far
 
     @property
     def prompt_tokens_per_s(self) -> float:
@@ -61,7 +73,7 @@ class GenerationStats:
         return (f"load {self.load_s:.2f} s | prompt {self.prompt_tokens} tokens in {self.prefill_s:.2f} s "
                 f"({self.prompt_tokens_per_s:.1f} tok/s) | first token after {self.time_to_first_token_s:.2f} s | "
                 f"generated {self.generated_tokens} tokens ({self.decode_tokens_per_s:.1f} tok/s decode) | "
-                f"stop: {self.stop_reason}")
+                f"stop: {self.stop_reason} | peak memory {self.peak_memory_mb:.0f} MiB")
 
 
 @dataclass
@@ -178,12 +190,15 @@ class LLMRunner:
         sampler: Sampler | SamplerConfig | None = None,
         ignore_eos: bool = False,
         callback: Optional[Callable[[str], None]] = None,
+        stop: Sequence[str] = (),
     ) -> list[int]:
         """Prefill ``prompt_tokens`` after what the cache holds (the previous call's last
         sampled token first, which was not fed yet) and sample up to
         ``max_new_tokens``; ``callback`` gets each decoded text piece as it comes. An EOS token
         ends generation and is kept in the cache (the chat template expects it) but not in
-        the text. Stops early, with stop_reason "context", when the cache is full."""
+        the text. Generation also ends once the text contains one of the ``stop`` strings
+        (which has been streamed by then). Stops early, with stop_reason "context", when
+        the cache is full."""
         if not isinstance(sampler, Sampler):
             sampler = Sampler(sampler or SamplerConfig())
         prompt_tokens = self.pending + list(prompt_tokens)
@@ -195,6 +210,7 @@ class LLMRunner:
         logits = self.prefill(prompt_tokens)
         stats.prefill_s = time.perf_counter() - t0
         new: list[int] = []
+        text, max_stop = "", max((len(s) for s in stop), default=0)
         t_first = None
         stats.stop_reason = "max_new_tokens"  # unless the loop finds another reason
         while len(new) < max_new_tokens:
@@ -207,10 +223,15 @@ class LLMRunner:
                 stats.stop_reason = "eos"
                 self.pending = [token]  # fed with the next chat turn, which follows this one
                 break
-            if callback is not None:
-                piece = stream.put(token)
-                if piece:
+            piece = stream.put(token)
+            if piece:
+                text += piece
+                if callback is not None:
                     callback(piece)
+                if stop and any(s in text[-(len(piece) + max_stop):] for s in stop):
+                    stats.stop_reason = "stop_string"
+                    self.pending = [token]
+                    break
             if len(new) == max_new_tokens:
                 self.pending = [token]
                 break
@@ -223,18 +244,19 @@ class LLMRunner:
         if callback is not None and rest:
             callback(rest)
         stats.generated_tokens = len(new)
+        stats.peak_memory_mb = peak_memory_mb()
         stats.decode_s = time.perf_counter() - t_first if t_first is not None else 0.0
         return new
 
     def generate(self, prompt: str, max_new_tokens: int = 128, sampler: Sampler | SamplerConfig | None = None,
                  chat: bool = False, ignore_eos: bool = False,
-                 callback: Optional[Callable[[str], None]] = None) -> str:
+                 callback: Optional[Callable[[str], None]] = None, stop: Sequence[str] = ()) -> str:
         """One-shot completion of ``prompt`` (rendered with the chat template when ``chat``),
         from an empty cache. Returns the generated text."""
         self.reset()
         tokens = (self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat
                   else self.tokenizer.encode(prompt))
-        new = self.generate_tokens(tokens, max_new_tokens, sampler, ignore_eos, callback)
+        new = self.generate_tokens(tokens, max_new_tokens, sampler, ignore_eos, callback, stop)
         return self.tokenizer.decode(new)
 
     def chat(self, user_message: str, max_new_tokens: int = 256, sampler: Sampler | SamplerConfig | None = None,

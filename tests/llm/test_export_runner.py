@@ -99,6 +99,18 @@ def test_streamed_text_is_the_decoded_tokens(exported):
     assert "".join(pieces) == text and len(pieces) > 1
 
 
+def test_stop_string_ends_generation_and_stats_report_memory(exported):
+    result, _ = exported
+    runner = LLMRunner(result.pte_path)
+    config = SamplerConfig(temperature=0.8, seed=1)
+    full = runner.generate(PROMPTS[0], 12, config, ignore_eos=True)
+    stop = full[len(full) // 2 : len(full) // 2 + 2]  # a piece of what this seed generates
+    cut = runner.generate(PROMPTS[0], 12, config, ignore_eos=True, stop=[stop])
+    assert runner.stats.stop_reason == "stop_string"
+    assert stop in cut and len(cut) < len(full) and full.startswith(cut)
+    assert runner.stats.peak_memory_mb > 0 and "peak memory" in runner.stats.report()
+
+
 def test_chat_turns_continue_the_kv_cache(exported):
     result, eager = exported
     runner = LLMRunner(result.pte_path)
