@@ -116,7 +116,7 @@ def flip_bits(rng, data):
     for _ in range(rng.randint(1, 8)):
         i = _pos(rng, data, 1)
         data[i] ^= 1 << rng.randrange(8)
-    return f"flip bits"
+    return "flip bits"
 
 
 def overwrite_u32(rng, data):

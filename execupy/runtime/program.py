@@ -5,13 +5,16 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
 from ..errors import MalformedProgramError, MethodNotFoundError
 from ..schema import program as P
 from ..schema.reader import PteFile, read_pte
+
+if TYPE_CHECKING:
+    from .method import Method
 
 # Refuse to allocate planned memory beyond this (bytes); hostile files cannot ask for more.
 DEFAULT_MAX_ARENA_BYTES = int(os.environ.get("EXECUPY_MAX_ARENA_BYTES", 16 << 30))

@@ -8,8 +8,8 @@ torch.nn pieces, so the tests need no downloads.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn

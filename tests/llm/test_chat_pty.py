@@ -20,11 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from execupy.llm.export import export_llm
 from execupy.llm.runner import LLMRunner
-from tests.llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
+from tests.llm.test_export_runner import export_tiny
 
 pty = pytest.importorskip("pty")  # POSIX only
 
@@ -38,10 +36,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 @pytest.fixture(scope="module")
 def pte(tmp_path_factory) -> Path:
-    torch.set_num_threads(1)  # the test machines are shared
-    root = tmp_path_factory.mktemp("chat_pty")
-    folder = _write_tiny_model(root / "hf")
-    return export_llm(folder, root / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL).pte_path
+    return export_tiny(tmp_path_factory.mktemp("chat_pty"))[0].pte_path
 
 
 class Terminal:

@@ -52,15 +52,18 @@ def _write_tiny_model(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def export_tiny(root: Path):
+    """Write a tiny random HF checkpoint under root, export it; returns (ExportResult, eager model)."""
     torch.set_num_threads(1)  # the test machines are shared
-    root = tmp_path_factory.mktemp("llm_export")
     folder = _write_tiny_model(root / "hf")
     result = export_llm(folder, root / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL)
     config, state = load_checkpoint(folder)
-    eager = Transformer.from_state_dict(config, state, max_seq_len=MAX_SEQ_LEN)
-    return result, eager
+    return result, Transformer.from_state_dict(config, state, max_seq_len=MAX_SEQ_LEN)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return export_tiny(tmp_path_factory.mktemp("llm_export"))
 
 
 def test_export_writes_program_tokenizer_and_metadata(exported):

@@ -20,11 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from execupy.llm.export import export_llm
-from execupy.llm.loaders import load_checkpoint
 from execupy.llm.model import Transformer
 from execupy.llm.runner import LLMRunner
-from tests.llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
+from tests.llm.test_export_runner import MAX_PREFILL, export_tiny
 from tests.reference import run_reference
 
 pytestmark = pytest.mark.reference
@@ -35,12 +33,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    torch.set_num_threads(1)  # the test machines are shared
-    root = tmp_path_factory.mktemp("llm_reference")
-    folder = _write_tiny_model(root / "hf")
-    result = export_llm(folder, root / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL)
-    config, state = load_checkpoint(folder)
-    eager = Transformer.from_state_dict(config, state, max_seq_len=MAX_SEQ_LEN)
+    result, eager = export_tiny(tmp_path_factory.mktemp("llm_reference"))
     runner = LLMRunner(result.pte_path)
     tokens = runner.tokenizer.encode("the quick brown fox jumps over")[: T + 1]
     assert len(tokens) == T + 1 and T + 1 <= MAX_PREFILL

@@ -11,7 +11,6 @@ we generated, greedy decoding with it would have produced the same 16 tokens.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
