@@ -41,7 +41,23 @@ def decompose(ep: ExportedProgram, config: EdgeCompileConfig) -> ExportedProgram
         table.pop(op, None)
     ep = ep.run_decompositions(table)
     remove_noops(ep.graph_module)
-    return ep
+    return restore_inplace_mutations(ep)
+
+
+def restore_inplace_mutations(ep: ExportedProgram) -> ExportedProgram:
+    """Turn functionalized calls of mutating custom ops back into the in-place calls.
+
+    Export wraps an op that mutates its argument (llama::update_cache writing a KV-cache
+    buffer) in `auto_functionalized`, which means "copy the buffer, mutate the copy, write
+    the copy back". Undone, the op writes the buffer where it lives and the buffer's
+    mutation output is the buffer itself, so the emitter writes nothing back.
+    """
+    hops = {torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2}
+    if not any(n.target in hops for n in ep.graph.nodes):
+        return ep
+    from torch.export._remove_auto_functionalized_pass import unsafe_remove_auto_functionalized_pass
+
+    return unsafe_remove_auto_functionalized_pass(ep)
 
 
 def _graph_modules(gm: torch.fx.GraphModule) -> Iterable[torch.fx.GraphModule]:

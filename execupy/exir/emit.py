@@ -265,6 +265,11 @@ class MethodEmitter:
             ret = self._add(P.Int(0))
             self._kernel("aten::sym_size", "int", args + [ret])
             env[node] = ret
+        elif target == torch.ops.aten._local_scalar_dense.default:  # tensor.item(): a prim op
+            args = [self._arg(node.args[0], None, env, node)]
+            ret = self._placeholder_scalar(node.meta.get("val"))
+            self._kernel("aten::_local_scalar_dense", "", args + [ret])
+            env[node] = ret
         elif target is torch.ops.higher_order.cond:
             self._emit_cond(node, env, gm)
         elif target is executorch_call_delegate:
@@ -412,6 +417,8 @@ class MethodEmitter:
                 raise ExportError(f"method {self.name!r}: output kind {spec.kind.name} is not supported "
                                   f"(e.g. mutating a user input in place); return the new value instead")
         for buf, new in writebacks:  # §3.11: copy the new state into the buffer, last
+            if new == buf:  # written in place by an op that mutates its argument (llama::update_cache)
+                continue
             self._kernel("aten::copy_", "", [buf, new, self._add(P.Bool(False)), buf])
         for idx in outputs:
             self._touch(idx, mp.FOREVER)

@@ -150,6 +150,8 @@ def kernel_key(node: torch.fx.Node) -> Optional[str]:
         return f"executorch_prim::{SYM_OPS[target]}.Scalar"
     if target == aten.sym_size.int:
         return "aten::sym_size.int"
+    if target == aten._local_scalar_dense.default:
+        return "aten::_local_scalar_dense"
     if isinstance(target, torch._ops.HigherOrderOperator):
         return None  # control flow: checked through its sub-graphs
     if isinstance(target, torch._ops.OpOverload):
@@ -198,6 +200,9 @@ def remove_noops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 node.target == aten._to_copy.default and _same_dtype_copy(node)
             ) or (node.target == aten.slice.Tensor and _full_slice(node)):
                 node.replace_all_uses_with(node.args[0])
+                graph.erase_node(node)
+        for node in reversed(list(graph.nodes)):  # the checks the asserts made, now unused
+            if node.op == "call_function" and node.target in SYM_OPS and not node.users:
                 graph.erase_node(node)
         graph.lint()
         graph_module.recompile()

@@ -1,13 +1,13 @@
 """Kernel libraries. Importing this package registers every built-in kernel.
 
-Each module under `portable/` and `quantized/` registers its kernels with
+Each module under `portable/`, `quantized/` and `llm/` registers its kernels with
 `@register_kernel("aten::name.overload")` when imported; this file imports them all,
 so a new kernel family is a new file, nothing else to edit.
 """
 import importlib
 import pkgutil
 
-from . import portable, quantized
+from . import llm, portable, quantized
 
 
 def _import_all(package) -> None:
@@ -18,3 +18,4 @@ def _import_all(package) -> None:
 
 _import_all(portable)
 _import_all(quantized)
+_import_all(llm)

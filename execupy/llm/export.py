@@ -5,7 +5,8 @@
     # -> smollm2.pte and smollm2.tokenizer.json, all a user ships
 
 The program has one ``forward(tokens [1, T] int64, input_pos [1] int64) -> logits [1, 1, vocab]``
-method with a KV cache held in mutable buffers (T dynamic in 1..max_prefill_len), and
+method with a KV cache held in mutable buffers (T dynamic in 1..max_prefill_len), updated
+and attended in place by the ``llama::`` custom ops unless ``custom_ops=False``, and
 constant methods the runner reads instead of a side config file:
 
     get_max_seq_len, get_max_prefill_len, get_vocab_size, get_bos_id, get_eos_ids (list),
@@ -61,9 +62,14 @@ def export_llm(
     max_prefill_len: int | None = None,
     dtype: str = "fp32",
     progress: Optional[Progress] = None,
+    custom_ops: bool = True,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
-    and its tokenizer. ``progress`` receives one short line per stage."""
+    and its tokenizer. ``progress`` receives one short line per stage.
+
+    ``custom_ops`` (the default) updates and attends the KV cache in place with
+    ``llama::update_cache`` / ``llama::custom_sdpa``; ``custom_ops=False`` writes the
+    program in core ATen ops only, which ExecuTorch's stock runtime loads as well."""
     if dtype != "fp32":
         raise ValueError(f"dtype {dtype!r} is not supported yet (only 'fp32')")
     say = progress or (lambda _msg: None)
@@ -74,12 +80,13 @@ def export_llm(
     config, state = load_checkpoint(checkpoint_path)
     tokenizer = _load_tokenizer_or_none(checkpoint_path, say)
     model = Transformer.from_state_dict(config, state, max_seq_len=max_seq_len, use_kv_cache=True,
-                                        last_logits_only=True)
+                                        last_logits_only=True, use_custom_ops=custom_ops)
     del state
     seq_len = model.max_seq_len
     prefill = min(max_prefill_len or DEFAULT_MAX_PREFILL, seq_len)
     say(f"model: {config.arch}, {config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}; "
-        f"context {seq_len}, prefill up to {prefill} tokens")
+        f"context {seq_len}, prefill up to {prefill} tokens, "
+        f"{'custom KV-cache ops' if custom_ops else 'core ATen ops only'}")
 
     say("capturing with torch.export")
     _use_weight_first_linears(model)

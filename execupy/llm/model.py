@@ -13,8 +13,11 @@ buffers ``k_cache``/``v_cache`` of shape [1, max_seq_len, n_kv_heads, head_dim] 
 place (``cache[:, positions] = k``, an index_put_), so ``torch.export`` sees mutable
 buffers; one call can prefill T tokens or decode one. Attention then runs over the whole
 cache with a causal mask row per query position, which keeps every shape static except T
-(no data-dependent slicing) and every op in core ATen. With ``use_kv_cache=False`` the
-model is the plain full-sequence forward, the independent reference for the cached one.
+(no data-dependent slicing) and every op in core ATen: the form any ExecuTorch runtime
+loads. With ``use_custom_ops=True`` the cache is instead written and read in place by
+``llama::update_cache`` and ``llama::custom_sdpa`` (execupy.llm.custom_ops), which attend
+to the filled slots only: the fast form. With ``use_kv_cache=False`` the model is the
+plain full-sequence forward, the independent reference for the cached ones.
 
 RoPE is the HF half rotation; loaders permute Meta/GGUF q/k weights to it.
 """
@@ -66,13 +69,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, max_seq_len: int, use_kv_cache: bool) -> None:
+    def __init__(self, config: ModelConfig, max_seq_len: int, use_kv_cache: bool, use_custom_ops: bool) -> None:
         super().__init__()
         c = config
         gpt2 = c.arch == "gpt2"
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
         self.use_rope = not gpt2
         self.use_kv_cache = use_kv_cache
+        self.use_custom_ops = use_custom_ops
         qkv_bias = gpt2 or c.qkv_bias
         self.wq = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=qkv_bias)
         self.wk = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=qkv_bias)
@@ -85,7 +89,8 @@ class Attention(nn.Module):
             self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor,
+        sin: torch.Tensor, start_pos: int | None = None,
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
@@ -93,6 +98,11 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         if self.use_rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.use_custom_ops:
+            torch.ops.llama.update_cache(k, self.k_cache, start_pos)
+            torch.ops.llama.update_cache(v, self.v_cache, start_pos)
+            out = torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, start_pos, None, 0.0, True)
+            return self.wo(out.reshape(bsz, seqlen, self.n_heads * self.head_dim))
         if self.use_kv_cache:
             self.k_cache[:, positions] = k  # in-place index_put_: a mutable buffer in the export
             self.v_cache[:, positions] = v
@@ -141,15 +151,15 @@ def _norm(config: ModelConfig) -> nn.Module:
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: ModelConfig, max_seq_len: int, use_kv_cache: bool) -> None:
+    def __init__(self, config: ModelConfig, max_seq_len: int, use_kv_cache: bool, use_custom_ops: bool) -> None:
         super().__init__()
         self.attention_norm = _norm(config)
-        self.attention = Attention(config, max_seq_len, use_kv_cache)
+        self.attention = Attention(config, max_seq_len, use_kv_cache, use_custom_ops)
         self.ffn_norm = _norm(config)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, positions, mask, cos, sin):
-        h = x + self.attention(self.attention_norm(x), positions, mask, cos, sin)
+    def forward(self, x, positions, mask, cos, sin, start_pos=None):
+        h = x + self.attention(self.attention_norm(x), positions, mask, cos, sin, start_pos)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -162,8 +172,13 @@ class Transformer(nn.Module):
         max_seq_len: int | None = None,
         use_kv_cache: bool = True,
         last_logits_only: bool = False,
+        use_custom_ops: bool = False,
     ) -> None:
         super().__init__()
+        if use_custom_ops:
+            if not use_kv_cache:
+                raise ValueError("use_custom_ops needs use_kv_cache (the ops read and write the cache)")
+            from execupy.llm import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
         self.config = config
         # The context this instance supports (cache size); defaults to the trained
         # context capped at 2048 so that long-context models do not allocate huge caches.
@@ -171,19 +186,21 @@ class Transformer(nn.Module):
         if config.arch == "gpt2" and self.max_seq_len > config.max_seq_len:
             raise ValueError(f"GPT-2 has only {config.max_seq_len} learned positions")
         self.use_kv_cache = use_kv_cache
+        self.use_custom_ops = use_custom_ops
         self.last_logits_only = last_logits_only
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         if config.arch == "gpt2":
             self.pos_embeddings = nn.Embedding(config.max_seq_len, config.dim)
         self.layers = nn.ModuleList(
-            TransformerBlock(config, self.max_seq_len, use_kv_cache) for _ in range(config.n_layers)
+            TransformerBlock(config, self.max_seq_len, use_kv_cache, use_custom_ops) for _ in range(config.n_layers)
         )
         self.norm = _norm(config)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        mask = torch.full((self.max_seq_len, self.max_seq_len), float("-inf")).triu(1)
-        self.register_buffer("causal_mask", mask, persistent=False)
+        if not use_custom_ops:  # custom_sdpa masks by position itself
+            mask = torch.full((self.max_seq_len, self.max_seq_len), float("-inf")).triu(1)
+            self.register_buffer("causal_mask", mask, persistent=False)
         if config.arch != "gpt2":
             cos, sin = rope_tables(config, self.max_seq_len)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -199,7 +216,15 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
         seqlen = tokens.shape[1]
         steps = torch.arange(seqlen, dtype=torch.long, device=tokens.device)
-        if self.use_kv_cache:
+        start_pos = mask = None
+        if self.use_custom_ops:
+            if input_pos is None:
+                raise ValueError("a model with a KV cache needs input_pos (the start position)")
+            positions = input_pos.reshape(1) + steps
+            start_pos = input_pos.reshape(-1)[0].item()  # an int the ops take (a SymInt in the export)
+            torch._check(start_pos >= 0)
+            torch._check(start_pos < self.max_seq_len)
+        elif self.use_kv_cache:
             if input_pos is None:
                 raise ValueError("a model with a KV cache needs input_pos (the start position)")
             positions = input_pos.reshape(1) + steps
@@ -214,7 +239,7 @@ class Transformer(nn.Module):
         else:
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         for layer in self.layers:
-            h = layer(h, positions, mask, cos, sin)
+            h = layer(h, positions, mask, cos, sin, start_pos)
         if self.last_logits_only:
             h = h[:, -1:, :]
         return self.output(self.norm(h))

@@ -52,11 +52,13 @@ def _write_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def export_tiny(root: Path):
-    """Write a tiny random HF checkpoint under root, export it; returns (ExportResult, eager model)."""
+def export_tiny(root: Path, custom_ops: bool = True):
+    """Write a tiny random HF checkpoint under root, export it; returns (ExportResult, eager model).
+    The eager model is the core-ATen form either way, so the custom ops are checked against it."""
     torch.set_num_threads(1)  # the test machines are shared
     folder = _write_tiny_model(root / "hf")
-    result = export_llm(folder, root / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL)
+    result = export_llm(folder, root / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL,
+                        custom_ops=custom_ops)
     config, state = load_checkpoint(folder)
     return result, Transformer.from_state_dict(config, state, max_seq_len=MAX_SEQ_LEN)
 
@@ -74,6 +76,25 @@ def test_export_writes_program_tokenizer_and_metadata(exported):
     assert (m.max_seq_len, m.max_prefill_len, m.vocab_size) == (MAX_SEQ_LEN, MAX_PREFILL, eager.config.vocab_size)
     assert m.eos_ids == (runner.tokenizer.special_tokens["<|im_end|>"],)
     assert m.chat_template == CHATML
+
+
+def _operators(pte: Path) -> set[str]:
+    from execupy.schema.reader import read_pte
+
+    plan = next(p for p in read_pte(pte.read_bytes()).program.execution_plan if p.name == "forward")
+    return {op.name for op in plan.operators}
+
+
+def test_kv_cache_is_written_in_place_by_the_custom_ops(exported, tmp_path):
+    result, _ = exported
+    ops = _operators(result.pte_path)
+    assert {"llama::update_cache", "llama::custom_sdpa"} <= ops
+    # No whole-cache copies: no index_put into a new cache, no copy_ of it back into the state.
+    assert not ops & {"aten::index_put", "aten::copy_", "aten::expand_copy"}
+    plain = export_llm(result.pte_path.parent / "hf", tmp_path / "plain.pte", max_seq_len=MAX_SEQ_LEN,
+                       max_prefill_len=MAX_PREFILL, custom_ops=False)
+    ops = _operators(plain.pte_path)
+    assert {"aten::index_put", "aten::copy_"} <= ops and not any(op.startswith("llama::") for op in ops)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

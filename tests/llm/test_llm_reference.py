@@ -33,7 +33,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    result, eager = export_tiny(tmp_path_factory.mktemp("llm_reference"))
+    result, eager = export_tiny(tmp_path_factory.mktemp("llm_reference"), custom_ops=False)
     runner = LLMRunner(result.pte_path)
     tokens = runner.tokenizer.encode("the quick brown fox jumps over")[: T + 1]
     assert len(tokens) == T + 1 and T + 1 <= MAX_PREFILL

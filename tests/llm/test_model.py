@@ -1,5 +1,6 @@
-"""The torch model: the KV-cached forward equals the plain full-sequence forward, token by
-token, for both architectures, and it exports with mutable cache buffers and a dynamic length."""
+"""The torch model: the KV-cached forward, with core ATen ops or with the llama:: custom
+ops, equals the plain full-sequence forward, token by token, for both architectures, and
+it exports with mutable cache buffers and a dynamic length."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def checkpoint(request, tmp_path_factory):
 
 
 @torch.no_grad()
-def test_cached_prefill_and_decode_match_full_forward(checkpoint):
+@pytest.mark.parametrize("custom_ops", [False, True], ids=["aten", "custom_ops"])
+def test_cached_prefill_and_decode_match_full_forward(checkpoint, custom_ops):
     config, state = checkpoint
-    cached = Transformer.from_state_dict(config, state, max_seq_len=32)
+    cached = Transformer.from_state_dict(config, state, max_seq_len=32, use_custom_ops=custom_ops)
     full = Transformer.from_state_dict(config, state, use_kv_cache=False, max_seq_len=32)
     sequence = PROMPT + [40, 3, 77, 8]
     expected = full(torch.tensor([sequence]))[0]
@@ -50,10 +52,11 @@ def test_greedy_generation_with_and_without_cache_agree(checkpoint):
 
 
 @torch.no_grad()
-def test_stale_cache_entries_beyond_the_position_are_ignored(checkpoint):
+@pytest.mark.parametrize("custom_ops", [False, True], ids=["aten", "custom_ops"])
+def test_stale_cache_entries_beyond_the_position_are_ignored(checkpoint, custom_ops):
     # A second prompt overwrites the cache from position 0; what the first left behind must not leak.
     config, state = checkpoint
-    model = Transformer.from_state_dict(config, state, max_seq_len=32)
+    model = Transformer.from_state_dict(config, state, max_seq_len=32, use_custom_ops=custom_ops)
     model(torch.tensor([[1] * 20]), torch.tensor([0]))
     reused = model(torch.tensor([PROMPT]), torch.tensor([0]))
     model.reset_cache()

@@ -37,6 +37,14 @@ def sym_size(x: np.ndarray, dim: int) -> int:
     return int(x.shape[norm_dim(dim, x.ndim)])
 
 
+@register_kernel("aten::_local_scalar_dense")
+def local_scalar_dense(x: np.ndarray) -> Number:
+    """`tensor.item()`: the one element of a tensor as a Python number."""
+    if x.size != 1:
+        raise ValueError(f"item() needs a tensor of one element, got shape {x.shape}")
+    return x.reshape(()).item()
+
+
 @register_kernel("aten::sym_numel")
 def sym_numel(x: np.ndarray) -> int:
     return int(x.size)

@@ -1,0 +1,1 @@
+"""Kernels of the LLM custom ops (`llama::*`), which pass the KV cache in place."""

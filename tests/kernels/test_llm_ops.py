@@ -1,0 +1,90 @@
+"""The llama:: KV-cache kernels against their torch eager definitions (execupy.llm.custom_ops),
+and against plain masked attention over the whole cache (the core-ATen form they replace)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from execupy.kernels.llm.kv_cache import custom_sdpa, update_cache
+from execupy.llm import custom_ops
+from execupy.llm.model import attention
+
+rng = np.random.default_rng(0)
+
+
+def _caches(seq: int, n_kv: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    return (rng.standard_normal((1, seq, n_kv, dim)).astype(np.float32),
+            rng.standard_normal((1, seq, n_kv, dim)).astype(np.float32))
+
+
+def test_update_cache_writes_only_the_window():
+    cache = np.zeros((1, 10, 2, 4), np.float32)
+    value = rng.standard_normal((1, 3, 2, 4)).astype(np.float32)
+    placeholder = np.zeros(1, np.float32)
+    assert update_cache(value, cache, 4, placeholder) is placeholder
+    np.testing.assert_array_equal(cache[:, 4:7], value)
+    assert not cache[:, :4].any() and not cache[:, 7:].any()
+
+    torch_cache = torch.zeros(1, 10, 2, 4)
+    custom_ops.update_cache(torch.from_numpy(value), torch_cache, 4)
+    np.testing.assert_array_equal(torch_cache.numpy(), cache)
+
+
+@pytest.mark.parametrize("start_pos", [-1, 8, 100])
+def test_update_cache_refuses_positions_outside_the_cache(start_pos):
+    cache = np.zeros((1, 10, 2, 4), np.float32)
+    with pytest.raises(ValueError, match="do not fit a cache of 10 slots"):
+        update_cache(np.ones((1, 3, 2, 4), np.float32), cache, start_pos, np.zeros(1, np.float32))
+    assert not cache.any()
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(4, 4), (6, 2), (3, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("start_pos,seqlen", [(0, 1), (0, 5), (7, 1), (7, 4), (12, 4)])
+def test_custom_sdpa_matches_torch_and_masked_attention(n_heads, n_kv, start_pos, seqlen):
+    dim, max_seq = 8, 16
+    k_cache, v_cache = _caches(max_seq, n_kv, dim)
+    query = rng.standard_normal((1, seqlen, n_heads, dim)).astype(np.float32)
+    out = np.empty_like(query)
+    got = custom_sdpa(query, k_cache, v_cache, start_pos, None, 0.0, True, None, out)
+    assert got is out
+
+    t = [torch.from_numpy(a) for a in (query, k_cache, v_cache)]
+    expected = custom_ops.custom_sdpa(*t, start_pos, None, 0.0, True)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
+    # The whole-cache form: an additive causal mask row per absolute position.
+    mask = torch.full((max_seq, max_seq), float("-inf")).triu(1)[start_pos : start_pos + seqlen]
+    np.testing.assert_allclose(got, attention(*t, mask).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_custom_sdpa_ignores_slots_beyond_the_window():
+    k_cache, v_cache = _caches(12, 2, 8)
+    query = rng.standard_normal((1, 2, 4, 8)).astype(np.float32)
+    first = custom_sdpa(query, k_cache, v_cache, 3, None, 0.0, True, None, np.empty_like(query)).copy()
+    k_cache[:, 5:] = 1e6  # garbage after the filled slots (an earlier, longer conversation)
+    v_cache[:, 5:] = np.nan
+    again = custom_sdpa(query, k_cache, v_cache, 3, None, 0.0, True, None, np.empty_like(query))
+    np.testing.assert_array_equal(first, again)
+
+
+def test_custom_sdpa_non_causal_and_scale():
+    k_cache, v_cache = _caches(8, 2, 4)
+    query = rng.standard_normal((1, 3, 2, 4)).astype(np.float32)
+    got = custom_sdpa(query, k_cache, v_cache, 2, None, 0.0, False, 0.5, np.empty_like(query))
+    t = [torch.from_numpy(a) for a in (query, k_cache, v_cache)]
+    expected = custom_ops.custom_sdpa(*t, 2, None, 0.0, False, 0.5)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_custom_sdpa_refuses_bad_windows_and_masks():
+    k_cache, v_cache = _caches(8, 2, 4)
+    query = np.zeros((1, 3, 2, 4), np.float32)
+    out = np.empty_like(query)
+    with pytest.raises(ValueError, match="do not fit a cache of 8 slots"):
+        custom_sdpa(query, k_cache, v_cache, 6, None, 0.0, True, None, out)
+    with pytest.raises(ValueError, match="attn_mask"):
+        custom_sdpa(query, k_cache, v_cache, 0, np.zeros((3, 3), np.float32), 0.0, True, None, out)
+    with pytest.raises(ValueError, match="does not fit caches"):
+        custom_sdpa(np.zeros((1, 3, 3, 4), np.float32), k_cache, v_cache, 0, None, 0.0, True, None,
+                    np.empty((1, 3, 3, 4), np.float32))
