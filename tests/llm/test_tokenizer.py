@@ -193,6 +193,8 @@ def test_sentencepiece_model(sp_model):
     for text in SAMPLES:
         assert tok.encode(text) == [sp.bos_id()] + sp.encode(text), text
         assert tok.decode(tok.encode(text)) == sp.decode(sp.encode(text))
+        # Keeping special tokens in the text must not keep the dummy-prefix space either.
+        assert tok.decode(tok.encode(text, bos=False), skip_special=False) == sp.decode(sp.encode(text))
     sep = sp.piece_to_id("<|sep|>")
     assert tok.encode("a<|sep|>b", bos=False, allow_special=True) == sp.encode("a") + [sep] + sp.encode("b")
     assert sep not in tok.encode("a<|sep|>b", bos=False)
