@@ -14,6 +14,7 @@ that node into a DelegateCall whose payload lives in its own segment of the .pte
 from __future__ import annotations
 
 import copy
+import heapq
 import operator
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ import torch.fx
 from torch._ops import HigherOrderOperator
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.fx.passes.tools_common import legalize_graph
 
 from ..errors import ExportError
 from ..schema.program import CompileSpec
@@ -128,7 +128,7 @@ def to_backend(ep: ExportedProgram, partitioner: Partitioner) -> ExportedProgram
         node.meta.pop(TAG, None)
     # A call sits where its group's last node was; outside users that sat between the
     # group's nodes now come before it, so restore a topological order.
-    legalize_graph(gm)
+    stable_topological_sort(gm.graph)
     gm.graph.lint()
     gm.recompile()
     return ep
@@ -205,6 +205,53 @@ def _lower_group(ep: ExportedProgram, nodes: list[torch.fx.Node], spec: Delegati
     for n in list(env):
         if n.op == "placeholder" and n.name in constants and not n.users:
             n.meta[ABSORBED] = True  # the emitter does not store it again
+
+
+def _writes_in_place(node: torch.fx.Node, arg: torch.fx.Node) -> bool:
+    """Does `node` mutate `arg` (an argument at a `Tensor(a!)` position of its schema)?"""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    given = dict(zip((a.name for a in node.target._schema.arguments), node.args), **node.kwargs)
+    return any(given.get(a.name) is arg and a.alias_info is not None and a.alias_info.is_write
+               for a in node.target._schema.arguments)
+
+
+def stable_topological_sort(graph: torch.fx.Graph) -> None:
+    """Put every node after its inputs, moving as few nodes as possible.
+
+    Among the nodes whose inputs are placed, the one that came first goes next, so an
+    order that was already topological stays as it was. A buffer written in place (the
+    KV cache by llama::update_cache) links its readers and writers by nothing but their
+    order, so those keep their original order explicitly.
+    """
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    deps = {n: set(n.all_input_nodes) for n in nodes}
+    for value in nodes:
+        users = sorted(value.users, key=index.__getitem__)
+        if any(_writes_in_place(u, value) for u in users):
+            for before, after in zip(users, users[1:]):
+                deps[after].add(before)
+    dependents: dict[torch.fx.Node, list[torch.fx.Node]] = {n: [] for n in nodes}
+    for n, ds in deps.items():
+        for d in ds:
+            dependents[d].append(n)
+    waiting = {n: len(ds) for n, ds in deps.items()}
+    ready = [index[n] for n in nodes if not waiting[n]]
+    heapq.heapify(ready)
+    order: list[torch.fx.Node] = []
+    while ready:
+        n = nodes[heapq.heappop(ready)]
+        order.append(n)
+        for d in dependents[n]:
+            waiting[d] -= 1
+            if not waiting[d]:
+                heapq.heappush(ready, index[d])
+    if len(order) != len(nodes):
+        raise ExportError("delegation left a cycle in the graph (a partition was not convex)")
+    for prev, n in zip(order, order[1:]):
+        if prev.next is not n:
+            prev.append(n)
 
 
 # ---------------------------------------------------------------------------- partition helper

@@ -152,3 +152,29 @@ def test_user_passes_still_run_after_to_backend():
     edge = edge.transform([lambda gm: gm])
     y = Module(edge.to_executorch().buffer).forward(x.numpy())
     assert abs(y - model(x).detach().numpy()).max() < 1e-5
+
+
+def test_stable_sort_keeps_reads_and_in_place_writes_of_a_buffer_in_order():
+    from execupy.exir.backend import stable_topological_sort
+    from execupy.llm import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
+
+    g = torch.fx.Graph()
+    cache, value, q = g.placeholder("cache"), g.placeholder("value"), g.placeholder("q")
+    read = g.call_function(torch.ops.llama.custom_sdpa.default, (q, cache, cache, 0), name="read")
+    write = g.call_function(torch.ops.llama.update_cache.default, (value, cache, 0), name="write")
+    query = g.call_function(torch.ops.aten.neg.default, (q,), name="query")
+    read.args = (query, cache, cache, 0)  # `read` now needs `query`, which comes after it
+    g.output((read, write))
+    stable_topological_sort(g)
+    # `read` must move after `query`; it read the cache before `write` changed it, and still does,
+    # although no data edge links the two (a plain topological sort puts `write` first).
+    assert [n.name for n in g.nodes] == ["cache", "value", "q", "query", "read", "write", "output"]
+
+
+def test_stable_sort_leaves_a_sorted_graph_alone():
+    from execupy.exir.backend import stable_topological_sort
+
+    gm = torch.fx.symbolic_trace(lambda x, y: (x + 1, y * 2, (x + 1) * (y * 2)))
+    before = [n.name for n in gm.graph.nodes]
+    stable_topological_sort(gm.graph)
+    assert [n.name for n in gm.graph.nodes] == before

@@ -50,6 +50,39 @@ def test_mutable_buffer_is_planned_and_written_back_last():
     assert buf not in plan.inputs and buf not in plan.outputs
 
 
+class InPlaceCache(nn.Module):
+    """Writes x into its cache buffer with a mutating custom op, then reads the whole cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from execupy.llm import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
+
+        self.register_buffer("cache", torch.zeros(1, 6, 1, 2), persistent=False)
+
+    def forward(self, x, pos):
+        start = pos[0].item()
+        torch._check(start >= 0)
+        torch._check(start < 6)
+        torch.ops.llama.update_cache(x, self.cache, start)
+        return self.cache.sum(dim=(0, 2, 3))
+
+
+def test_in_place_op_on_a_buffer_needs_no_write_back():
+    from execupy.runtime import Program
+
+    args = (torch.ones(1, 2, 1, 2), torch.tensor([0]))
+    program, plan = emitted(InPlaceCache(), args, dynamic_shapes=({1: Dim("t", min=1, max=4)}, None))
+    keys = [k for k, _ in kernel_calls(plan)]
+    assert "llama::update_cache.out" in keys and "aten::_local_scalar_dense" in keys
+    assert "aten::copy_" not in keys  # the op wrote the buffer where it lives
+    method = Program.load(to_edge(export(InPlaceCache(), args, dynamic_shapes=({1: Dim("t", min=1, max=4)}, None)))
+                          .to_executorch().buffer).load_method("forward")
+    first = method.execute([torch.ones(1, 2, 1, 2).numpy(), torch.tensor([0]).numpy()])[0]
+    second = method.execute([torch.full((1, 3, 1, 2), 5.0).numpy(), torch.tensor([3]).numpy()])[0]
+    assert first.tolist() == [2, 2, 0, 0, 0, 0]
+    assert second.tolist() == [2, 2, 0, 10, 10, 10]  # the state kept the first call's slots
+
+
 class Views(nn.Module):
     def forward(self, x):
         y = (x + 1).view(6) * 2  # an inner static view: no instruction

@@ -1,0 +1,291 @@
+"""Decoder-only transformers in plain torch: the Llama family and GPT-2 (nanoGPT style).
+
+One ``Transformer`` class configured by a ``ModelConfig`` covers Llama 2/3/3.1/3.2,
+SmolLM2, TinyLlama, Mistral, Qwen2.5 (q/k/v bias) and GPT-2. It reads the canonical
+state dict every checkpoint loader produces (execupy.llm.config).
+
+Calling convention, the one the exporter captures::
+
+    logits = model(tokens, input_pos)   # tokens [1, T] int64, input_pos [1] int64 (start position)
+
+With ``use_kv_cache=True`` each attention layer keeps its keys and values in registered
+buffers ``k_cache``/``v_cache`` of shape [1, max_seq_len, n_kv_heads, head_dim] updated in
+place (``cache[:, positions] = k``, an index_put_), so ``torch.export`` sees mutable
+buffers; one call can prefill T tokens or decode one. Attention then runs over the whole
+cache with a causal mask row per query position, which keeps every shape static except T
+(no data-dependent slicing) and every op in core ATen: the form any ExecuTorch runtime
+loads. With ``use_custom_ops=True`` the cache is instead written and read in place by
+``llama::update_cache`` and ``llama::custom_sdpa`` (execupy.llm.custom_ops), which attend
+to the filled slots only: the fast form. With ``use_kv_cache=False`` the model is the
+plain full-sequence forward, the independent reference for the cached ones.
+
+RoPE is the HF half rotation; loaders permute Meta/GGUF q/k weights to it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from execupy.llm.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32 whatever the model dtype, as the reference implementations do.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(config: ModelConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every (position, frequency) angle: two [max_seq_len, head_dim/2] tables."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / config.rope_theta ** (np.arange(half, dtype=np.float64) * 2 / config.head_dim)
+    if config.rope_freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(config.rope_freq_factors, dtype=np.float64)
+    angles = np.outer(np.arange(max_seq_len, dtype=np.float64), inv_freq)
+    return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half rotation: the pair (x[i], x[i + d/2]) is rotated by angle i. x: [B, T, H, D]; cos/sin: [T, D/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos = cos[None, :, None, :].to(x.dtype)
+    sin = sin[None, :, None, :].to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, max_seq_len: int, use_kv_cache: bool, use_custom_ops: bool) -> None:
+        super().__init__()
+        c = config
+        gpt2 = c.arch == "gpt2"
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.use_rope = not gpt2
+        self.use_kv_cache = use_kv_cache
+        self.use_custom_ops = use_custom_ops
+        qkv_bias = gpt2 or c.qkv_bias
+        self.wq = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=gpt2)
+        if use_kv_cache:
+            shape = (1, max_seq_len, c.n_kv_heads, c.head_dim)
+            # Not persistent: the cache is state, not a weight, and stays out of state_dict().
+            self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+            self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor,
+        sin: torch.Tensor, start_pos: int | None = None,
+    ) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        if self.use_rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.use_custom_ops:
+            torch.ops.llama.update_cache(k, self.k_cache, start_pos)
+            torch.ops.llama.update_cache(v, self.v_cache, start_pos)
+            out = torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, start_pos, None, 0.0, True)
+            return self.wo(out.reshape(bsz, seqlen, self.n_heads * self.head_dim))
+        if self.use_kv_cache:
+            self.k_cache[:, positions] = k  # in-place index_put_: a mutable buffer in the export
+            self.v_cache[:, positions] = v
+            k, v = self.k_cache, self.v_cache
+        out = attention(q, k, v, mask)
+        return self.wo(out.reshape(bsz, seqlen, self.n_heads * self.head_dim))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product attention with grouped KV heads, in plain ATen ops.
+
+    q: [B, T, H, D]; k, v: [B, S, Hkv, D]; mask: [T, S] additive (0 or -inf). Returns [B, T, H, D].
+    """
+    bsz, _, n_heads, head_dim = q.shape
+    n_kv_heads, kv_len = k.shape[2], k.shape[1]
+    if n_kv_heads != n_heads:  # each KV head serves n_heads / n_kv_heads query heads
+        rep = n_heads // n_kv_heads
+        k = k[:, :, :, None, :].expand(bsz, kv_len, n_kv_heads, rep, head_dim).reshape(bsz, kv_len, n_heads, head_dim)
+        v = v[:, :, :, None, :].expand(bsz, kv_len, n_kv_heads, rep, head_dim).reshape(bsz, kv_len, n_heads, head_dim)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, *, D]
+    scores = q @ k.transpose(2, 3) * (1.0 / math.sqrt(head_dim)) + mask.to(q.dtype)
+    probs = torch.softmax(scores.float(), dim=-1).type_as(q)
+    return (probs @ v).transpose(1, 2)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.gpt2 = c.arch == "gpt2"
+        self.w1 = nn.Linear(c.dim, c.hidden_dim, bias=self.gpt2)
+        self.w2 = nn.Linear(c.hidden_dim, c.dim, bias=self.gpt2)
+        if not self.gpt2:
+            self.w3 = nn.Linear(c.dim, c.hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gpt2:
+            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # SwiGLU
+
+
+def _norm(config: ModelConfig) -> nn.Module:
+    if config.arch == "gpt2":
+        return nn.LayerNorm(config.dim, eps=config.norm_eps)
+    return RMSNorm(config.dim, config.norm_eps)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: ModelConfig, max_seq_len: int, use_kv_cache: bool, use_custom_ops: bool) -> None:
+        super().__init__()
+        self.attention_norm = _norm(config)
+        self.attention = Attention(config, max_seq_len, use_kv_cache, use_custom_ops)
+        self.ffn_norm = _norm(config)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x, positions, mask, cos, sin, start_pos=None):
+        h = x + self.attention(self.attention_norm(x), positions, mask, cos, sin, start_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """A decoder-only LM; ``forward(tokens [1, T], input_pos [1]) -> logits [1, T or 1, vocab]``."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_seq_len: int | None = None,
+        use_kv_cache: bool = True,
+        last_logits_only: bool = False,
+        use_custom_ops: bool = False,
+    ) -> None:
+        super().__init__()
+        if use_custom_ops:
+            if not use_kv_cache:
+                raise ValueError("use_custom_ops needs use_kv_cache (the ops read and write the cache)")
+            from execupy.llm import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
+        self.config = config
+        # The context this instance supports (cache size); defaults to the trained
+        # context capped at 2048 so that long-context models do not allocate huge caches.
+        self.max_seq_len = max_seq_len or min(config.max_seq_len, 2048)
+        if config.arch == "gpt2" and self.max_seq_len > config.max_seq_len:
+            raise ValueError(f"GPT-2 has only {config.max_seq_len} learned positions")
+        self.use_kv_cache = use_kv_cache
+        self.use_custom_ops = use_custom_ops
+        self.last_logits_only = last_logits_only
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        if config.arch == "gpt2":
+            self.pos_embeddings = nn.Embedding(config.max_seq_len, config.dim)
+        self.layers = nn.ModuleList(
+            TransformerBlock(config, self.max_seq_len, use_kv_cache, use_custom_ops) for _ in range(config.n_layers)
+        )
+        self.norm = _norm(config)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        if not use_custom_ops:  # custom_sdpa masks by position itself
+            mask = torch.full((self.max_seq_len, self.max_seq_len), float("-inf")).triu(1)
+            self.register_buffer("causal_mask", mask, persistent=False)
+        if config.arch != "gpt2":
+            cos, sin = rope_tables(config, self.max_seq_len)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, state: dict[str, np.ndarray], **kwargs) -> "Transformer":
+        """Build a model and load a canonical numpy state dict (from any loader) into it."""
+        model = cls(config, **kwargs)
+        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
+        return model.eval()
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        seqlen = tokens.shape[1]
+        steps = torch.arange(seqlen, dtype=torch.long, device=tokens.device)
+        start_pos = mask = None
+        if self.use_custom_ops:
+            if input_pos is None:
+                raise ValueError("a model with a KV cache needs input_pos (the start position)")
+            positions = input_pos.reshape(1) + steps
+            start_pos = input_pos.reshape(-1)[0].item()  # an int the ops take (a SymInt in the export)
+            torch._check(start_pos >= 0)
+            torch._check(start_pos < self.max_seq_len)
+        elif self.use_kv_cache:
+            if input_pos is None:
+                raise ValueError("a model with a KV cache needs input_pos (the start position)")
+            positions = input_pos.reshape(1) + steps
+            mask = self.causal_mask[positions]  # [T, max_seq_len]: row p lets keys <= p through
+        else:
+            positions = steps
+            mask = self.causal_mask[:seqlen, :seqlen]
+        h = self.tok_embeddings(tokens)
+        cos = sin = None
+        if self.config.arch == "gpt2":
+            h = h + self.pos_embeddings(positions)[None]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        for layer in self.layers:
+            h = layer(h, positions, mask, cos, sin, start_pos)
+        if self.last_logits_only:
+            h = h[:, -1:, :]
+        return self.output(self.norm(h))
+
+    def reset_cache(self) -> None:
+        for layer in self.layers:
+            if self.use_kv_cache:
+                layer.attention.k_cache.zero_()
+                layer.attention.v_cache.zero_()
+
+
+@torch.no_grad()
+def greedy_generate(
+    model: Transformer, prompt: list[int], max_new_tokens: int, eos_ids: Iterable[int] = ()
+) -> tuple[list[int], dict[str, float]]:
+    """Eager reference decoding: the argmax token each step. Returns (new tokens, timing stats).
+
+    With a KV cache: one prefill call, then one call per new token. Without: the whole
+    sequence is recomputed every step (slow, but shares no state between steps).
+    """
+    eos = set(eos_ids)
+    tokens = list(prompt)
+    new: list[int] = []
+    t0 = time.perf_counter()
+    if model.use_kv_cache:
+        logits = model(torch.tensor([tokens]), torch.tensor([0]))
+    else:
+        logits = model(torch.tensor([tokens]))
+    t_prefill = time.perf_counter() - t0
+    while len(new) < max_new_tokens:
+        nxt = int(logits[0, -1].argmax())
+        new.append(nxt)
+        tokens.append(nxt)
+        if nxt in eos or len(new) == max_new_tokens:
+            break
+        if model.use_kv_cache:
+            logits = model(torch.tensor([[nxt]]), torch.tensor([len(tokens) - 1]))
+        else:
+            logits = model(torch.tensor([tokens]))
+    t_decode = time.perf_counter() - t0 - t_prefill
+    stats = {
+        "prompt_tokens": len(prompt),
+        "prefill_s": t_prefill,
+        "prefill_tokens_per_s": len(prompt) / t_prefill if t_prefill else float("inf"),
+        "decode_tokens": len(new) - 1,
+        "decode_s": t_decode,
+        "decode_tokens_per_s": (len(new) - 1) / t_decode if t_decode else float("inf"),
+    }
+    return new, stats
