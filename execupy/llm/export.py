@@ -4,6 +4,9 @@
     result = export_llm("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2.pte", max_seq_len=512)
     # -> smollm2.pte and smollm2.tokenizer.json, all a user ships
 
+``export_llm`` runs the stages of ``LLMExportManager`` in order; use the manager to add
+source transforms or a delegate, or to look at the graph between stages.
+
 The program has one ``forward(tokens [1, T] int64, input_pos [1] int64) -> logits [1, 1, vocab]``
 method with a KV cache held in mutable buffers (T dynamic in 1..max_prefill_len), updated
 and attended in place by the ``llama::`` custom ops unless ``custom_ops=False``, and
@@ -22,18 +25,20 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
+from execupy.errors import ExecupyError, ExportError
 from execupy.llm.loaders import load_checkpoint
-from execupy.llm.model import Transformer
+from execupy.llm.models import Transformer
 
 Progress = Callable[[str], None]
 
 # Prefill runs T tokens at once; the bound sets the size of the planned activation
 # memory (activations scale with T), so it stays modest and longer prompts are chunked.
 DEFAULT_MAX_PREFILL = 128
+SUPPORTED_DTYPES = ("fp32",)
 
 
 @dataclass
@@ -65,47 +70,134 @@ def export_llm(
     custom_ops: bool = True,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
-    and its tokenizer. ``progress`` receives one short line per stage.
+    and its tokenizer: every stage of LLMExportManager in order. ``progress`` receives
+    one short line per stage.
 
     ``custom_ops`` (the default) updates and attends the KV cache in place with
     ``llama::update_cache`` / ``llama::custom_sdpa``; ``custom_ops=False`` writes the
     program in core ATen ops only, which ExecuTorch's stock runtime loads as well."""
-    if dtype != "fp32":
-        raise ValueError(f"dtype {dtype!r} is not supported yet (only 'fp32')")
-    say = progress or (lambda _msg: None)
-    t0 = time.perf_counter()
     output_path = Path(output_path)
+    manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
+                                               max_prefill_len=max_prefill_len, custom_ops=custom_ops,
+                                               progress=progress)
+    return (manager.set_output_dir(output_path.parent).set_dtype(dtype).source_transform([weight_first_linears])
+            .export().to_edge().to_executorch().save(output_path.name))
 
-    say(f"loading {checkpoint_path}")
-    config, state = load_checkpoint(checkpoint_path)
-    tokenizer = _load_tokenizer_or_none(checkpoint_path, say)
-    model = Transformer.from_state_dict(config, state, max_seq_len=max_seq_len, use_kv_cache=True,
-                                        last_logits_only=True, use_custom_ops=custom_ops)
-    del state
-    seq_len = model.max_seq_len
-    prefill = min(max_prefill_len or DEFAULT_MAX_PREFILL, seq_len)
-    say(f"model: {config.arch}, {config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}; "
-        f"context {seq_len}, prefill up to {prefill} tokens, "
-        f"{'custom KV-cache ops' if custom_ops else 'core ATen ops only'}")
 
-    say("capturing with torch.export")
-    _use_weight_first_linears(model)
-    ep = _capture(model, prefill)
-    say("lowering to the edge dialect and emitting the program")
-    from execupy.exir import to_edge
+class LLMExportManager:
+    """The export as a chain of stages, for users who want to step in between.
 
-    methods = constant_methods(config.vocab_size, seq_len, prefill, tokenizer)
-    program = to_edge(ep, constant_methods=methods).to_executorch()
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    program.save(output_path)
-    say(f"wrote {output_path} ({output_path.stat().st_size / 2**20:.1f} MiB)")
+        manager = (LLMExportManager.from_checkpoint("model.gguf", max_seq_len=512)
+                   .set_output_dir("out").set_dtype("fp32")
+                   .source_transform([weight_first_linears])   # any nn.Module -> nn.Module
+                   .export()                                   # torch.export, T dynamic
+                   .to_edge()                                  # core ATen + metadata methods
+                   .to_backend([NumpyFusedPartitioner()])      # optional (backends.numpy_fused.preprocess)
+                   .to_executorch())                           # memory planning + emit
+        result = manager.save("model.pte")                     # .pte + tokenizer file
 
-    tok_path = None
-    if tokenizer is not None:
-        tok_path = tokenizer_path_for(output_path, tokenizer)
-        tokenizer.save(tok_path)
-        say(f"wrote {tok_path}")
-    return ExportResult(output_path, tok_path, seq_len, prefill, time.perf_counter() - t0)
+    Each stage checks that the one before it ran, and keeps its product on the manager
+    (``model``, ``exported``, ``edge``, ``program``) for inspection.
+    """
+
+    def __init__(self, model: Transformer, tokenizer: object | None = None, max_prefill_len: int | None = None,
+                 progress: Optional[Progress] = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_prefill_len = min(max_prefill_len or DEFAULT_MAX_PREFILL, model.max_seq_len)
+        self.output_dir = Path(".")
+        self.dtype = "fp32"
+        self.exported: Optional[torch.export.ExportedProgram] = None
+        self.edge = None  # execupy.exir.EdgeProgramManager
+        self.program = None  # execupy.exir.ExecutorchProgramManager
+        self._say = progress or (lambda _msg: None)
+        self._t0 = time.perf_counter()
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_path: str | os.PathLike, max_seq_len: int | None = None,
+                        max_prefill_len: int | None = None, custom_ops: bool = True,
+                        progress: Optional[Progress] = None) -> "LLMExportManager":
+        """Load weights and tokenizer from a .gguf file, an HF folder or a Meta folder."""
+        say = progress or (lambda _msg: None)
+        t0 = time.perf_counter()
+        say(f"loading {checkpoint_path}")
+        config, state = load_checkpoint(checkpoint_path)
+        tokenizer = _load_tokenizer_or_none(checkpoint_path, say)
+        model = Transformer.from_state_dict(config, state, max_seq_len=max_seq_len, use_kv_cache=True,
+                                            last_logits_only=True, use_custom_ops=custom_ops)
+        manager = cls(model, tokenizer, max_prefill_len, progress)
+        manager._t0 = t0
+        say(f"model: {config.arch}, {config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}; "
+            f"context {model.max_seq_len}, prefill up to {manager.max_prefill_len} tokens, "
+            f"{'custom KV-cache ops' if custom_ops else 'core ATen ops only'}")
+        return manager
+
+    def set_output_dir(self, path: str | os.PathLike) -> "LLMExportManager":
+        self.output_dir = Path(path)
+        return self
+
+    def set_dtype(self, dtype: str) -> "LLMExportManager":
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported yet (choose from {', '.join(SUPPORTED_DTYPES)})")
+        self.dtype = dtype
+        return self
+
+    def source_transform(self, transforms: Sequence[Callable[[torch.nn.Module], torch.nn.Module]]
+                         ) -> "LLMExportManager":
+        """Rewrite the torch model before capture (each transform returns the new model)."""
+        self._require(self.exported is None, "source_transform", "before export()")
+        for transform in transforms:
+            self.model = transform(self.model)
+        return self
+
+    def export(self) -> "LLMExportManager":
+        self._say("capturing with torch.export")
+        self.exported = _capture(self.model, self.max_prefill_len)
+        return self
+
+    def to_edge(self) -> "LLMExportManager":
+        self._require(self.exported is not None, "to_edge", "after export()")
+        from execupy.exir import to_edge
+
+        self._say("lowering to the edge dialect")
+        config = self.model.config
+        methods = constant_methods(config.vocab_size, self.model.max_seq_len, self.max_prefill_len, self.tokenizer)
+        self.edge = to_edge(self.exported, constant_methods=methods)
+        return self
+
+    def to_backend(self, partitioners: Sequence[object]) -> "LLMExportManager":
+        """Delegate what each partitioner claims (execupy.exir.backend.Partitioner)."""
+        self._require(self.edge is not None, "to_backend", "after to_edge()")
+        for partitioner in partitioners:
+            self._say(f"delegating with {type(partitioner).__name__}")
+            self.edge = self.edge.to_backend(partitioner)
+        return self
+
+    def to_executorch(self) -> "LLMExportManager":
+        self._require(self.edge is not None, "to_executorch", "after to_edge()")
+        self._say("planning memory and emitting the program")
+        self.program = self.edge.to_executorch()
+        return self
+
+    def save(self, filename: str | os.PathLike = "model.pte") -> ExportResult:
+        """Write the .pte (relative names go under the output dir) and the tokenizer beside it."""
+        self._require(self.program is not None, "save", "after to_executorch()")
+        path = self.output_dir / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.program.save(path)
+        self._say(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+        tok_path = None
+        if self.tokenizer is not None:
+            tok_path = tokenizer_path_for(path, self.tokenizer)
+            self.tokenizer.save(tok_path)
+            self._say(f"wrote {tok_path}")
+        return ExportResult(path, tok_path, self.model.max_seq_len, self.max_prefill_len,
+                            time.perf_counter() - self._t0)
+
+    @staticmethod
+    def _require(ok: bool, stage: str, when: str) -> None:
+        if not ok:
+            raise ExportError(f"LLMExportManager.{stage}() must run {when}")
 
 
 def _capture(model: Transformer, max_prefill_len: int) -> torch.export.ExportedProgram:
@@ -138,11 +230,13 @@ class _WeightFirstLinear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
-def _use_weight_first_linears(model: torch.nn.Module) -> None:
+def weight_first_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """Source transform: every nn.Linear becomes a _WeightFirstLinear (in place; returns model)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
                 setattr(parent, name, _WeightFirstLinear(child))
+    return model
 
 
 def constant_methods(vocab_size: int, max_seq_len: int, max_prefill_len: int, tokenizer: object | None) -> dict:
@@ -163,7 +257,6 @@ def constant_methods(vocab_size: int, max_seq_len: int, max_prefill_len: int, to
 def _load_tokenizer_or_none(checkpoint_path: str | os.PathLike, say: Progress):
     """The checkpoint's own tokenizer (embedded in a GGUF, or files in the folder); a model
     without one still exports, but the runner then needs ``--tokenizer``."""
-    from execupy.errors import ExecupyError
     from execupy.llm.tokenizer import load_tokenizer
 
     try:

@@ -9,7 +9,7 @@ import torch
 
 from execupy.kernels.llm.kv_cache import custom_sdpa, update_cache
 from execupy.llm import custom_ops
-from execupy.llm.model import attention
+from execupy.llm.models import attention
 
 rng = np.random.default_rng(0)
 

@@ -20,7 +20,7 @@ from execupy.llm.loaders import smollm2_gguf_path
 from execupy.cli import main as cli_main
 from execupy.llm.export import export_llm
 from execupy.llm.loaders import load_checkpoint
-from execupy.llm.model import Transformer, greedy_generate
+from execupy.llm.models import Transformer, greedy_generate
 from execupy.llm.runner import ContextLengthError, LLMRunner
 from execupy.llm.sampler import SamplerConfig
 from tests.llm import tiny
@@ -95,6 +95,38 @@ def test_kv_cache_is_written_in_place_by_the_custom_ops(exported, tmp_path):
                        max_prefill_len=MAX_PREFILL, custom_ops=False)
     ops = _operators(plain.pte_path)
     assert {"aten::index_put", "aten::copy_"} <= ops and not any(op.startswith("llama::") for op in ops)
+
+
+def test_export_manager_runs_the_stages_a_user_chains(exported, tmp_path):
+    from execupy.backends.numpy_fused.preprocess import NumpyFusedPartitioner
+    from execupy.errors import ExportError
+    from execupy.llm.export import LLMExportManager, weight_first_linears
+
+    result, eager = exported
+    seen = []
+
+    def count_linears(model):  # a user's own source transform
+        seen.append(sum(isinstance(m, torch.nn.Linear) for m in model.modules()))
+        return model
+
+    manager = LLMExportManager.from_checkpoint(result.pte_path.parent / "hf", max_seq_len=MAX_SEQ_LEN,
+                                               max_prefill_len=MAX_PREFILL)
+    with pytest.raises(ExportError, match=r"to_edge\(\) must run after export\(\)"):
+        manager.to_edge()
+    with pytest.raises(ValueError, match="not supported yet"):
+        manager.set_dtype("int3")
+    manager = (manager.set_output_dir(tmp_path / "out").set_dtype("fp32")
+               .source_transform([count_linears, weight_first_linears]).export().to_edge()
+               .to_backend([NumpyFusedPartitioner()]).to_executorch())
+    assert seen == [2 * 7 + 1]  # q, k, v, o, w1, w2, w3 per layer, and the output head
+    assert manager.program.program.execution_plan[0].delegates, "the partitioner delegated nothing"
+    saved = manager.save("managed.pte")
+    assert saved.pte_path == tmp_path / "out" / "managed.pte" and saved.tokenizer_path.is_file()
+    runner = LLMRunner(saved.pte_path)
+    tokens = runner.tokenizer.encode(PROMPTS[0])
+    eager.reset_cache()
+    expected, _ = greedy_generate(eager, tokens, NEW_TOKENS)
+    assert runner.generate_tokens(tokens, NEW_TOKENS, ignore_eos=True) == expected
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from execupy.llm.model import Transformer
+from execupy.llm.models import Transformer
 from execupy.llm.runner import LLMRunner
 from tests.llm.test_export_runner import MAX_PREFILL, export_tiny
 from tests.reference import run_reference

@@ -10,7 +10,7 @@ import torch
 
 from execupy.llm.hf_loader import load_hf
 from execupy.llm.meta_loader import load_meta
-from execupy.llm.model import Transformer, greedy_generate
+from execupy.llm.models import Transformer, greedy_generate
 from tests.llm import tiny
 
 PROMPT = [5, 9, 33, 2, 71, 14]
