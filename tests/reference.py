@@ -88,5 +88,54 @@ def run_reference(
         return _outputs(out, calls)
 
 
+# Runs inside the reference venv: one loaded program, a sequence of calls with different
+# inputs (the state carries over), optionally with ExecuTorch's llama:: custom-op kernels.
+_STEPS_WORKER = r"""
+import sys, numpy as np, torch
+if sys.argv[3] == "1":
+    from executorch.extension.llm.custom_ops import custom_ops  # registers the llama:: kernels
+from executorch.extension.pybindings.portable_lib import _load_for_executorch
+data = np.load(sys.argv[2])
+module = _load_for_executorch(sys.argv[1])
+outs = {}
+for k in range(int(data["steps"])):
+    args = tuple(torch.from_numpy(data[f"step{k}_in{i}"]) for i in range(int(data[f"step{k}_n"])))
+    for i, o in enumerate(module.run_method("forward", args)):
+        outs[f"step{k}_out{i}"] = o.numpy()
+np.savez(sys.argv[4], **outs)
+"""
+
+
+def reference_python() -> Path:
+    """The reference venv's python, built by the tool on first use."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_run", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return Path(tool._ensure_venv())
+
+
+def run_reference_steps(pte: os.PathLike | str, steps: Sequence[Sequence[np.ndarray]],
+                        llama_ops: bool = False) -> list[list[np.ndarray]]:
+    """Load `pte` once in ExecuTorch's runtime and call forward once per step, each with its
+    own inputs, in order (mutable state carries from call to call). `llama_ops` loads
+    ExecuTorch's llama:: custom-op kernels first. Returns each call's outputs."""
+    with tempfile.TemporaryDirectory(prefix="execupy-ref-") as tmp:
+        arrays = {"steps": np.asarray(len(steps))}
+        for k, inputs in enumerate(steps):
+            arrays[f"step{k}_n"] = np.asarray(len(inputs))
+            arrays.update({f"step{k}_in{i}": np.asarray(x) for i, x in enumerate(inputs)})
+        np.savez(Path(tmp) / "in.npz", **arrays)
+        cmd = [str(reference_python()), "-c", _STEPS_WORKER, str(pte), str(Path(tmp) / "in.npz"),
+               "1" if llama_ops else "0", str(Path(tmp) / "out.npz")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        if proc.returncode != 0:
+            raise ReferenceError(f"reference worker exited {proc.returncode}: {_last_lines(proc.stderr)}")
+        data = np.load(Path(tmp) / "out.npz")
+        return [[data[f"step{k}_out{i}"] for i in range(len([n for n in data.files if n.startswith(f"step{k}_")]))]
+                for k in range(len(steps))]
+
+
 def _last_lines(text: str, n: int = 5) -> str:
     return " | ".join(text.strip().splitlines()[-n:])

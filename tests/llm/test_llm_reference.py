@@ -1,5 +1,8 @@
 """The tiny fp32 Llama export runs the same in ExecuTorch's own runtime as in ours and in torch.
 
+The last test does the same for the default export (llama:: custom ops), in ExecuTorch's
+runtime with ExecuTorch's own kernels of those ops: same op names, same semantics.
+
 The reference tool loads a program once and calls it ``calls`` times with the SAME inputs,
 so it cannot feed a prefill and then a different decode step into one loaded program.
 What is compared instead, all on the one exported .pte (fp32, no custom ops):
@@ -23,7 +26,7 @@ import torch
 from execupy.llm.models import Transformer
 from execupy.llm.runner import LLMRunner
 from tests.llm.test_export_runner import MAX_PREFILL, export_tiny
-from tests.reference import run_reference
+from tests.reference import run_reference, run_reference_steps
 
 pytestmark = pytest.mark.reference
 
@@ -97,3 +100,19 @@ def test_decode_step_runs_the_same_in_the_reference(tiny):
     theirs = _eager_last(eager, step)
     np.testing.assert_allclose(first[0].reshape(-1), theirs, **TOL)
     np.testing.assert_allclose(ours, first[0].reshape(-1), **TOL)
+
+
+def test_custom_op_export_runs_in_the_reference_with_its_llama_kernels(tmp_path):
+    result, eager = export_tiny(tmp_path, custom_ops=True)
+    runner = LLMRunner(result.pte_path)
+    tokens = runner.tokenizer.encode("the quick brown fox jumps over")[: T + 1]
+    # Prefill T tokens, then decode one, then decode again at the next position: one loaded program.
+    steps = [(tokens[:T], 0), (tokens[T:T + 1], T), (tokens[:1], T + 1)]
+    theirs = run_reference_steps(result.pte_path, [_inputs(t, p) for t, p in steps], llama_ops=True)
+    ours_runner = LLMRunner(result.pte_path)
+    for k, (step_tokens, pos) in enumerate(steps):
+        ours_runner.pos = pos
+        ours = np.asarray(ours_runner._forward(step_tokens)).reshape(-1)
+        eager_logits = _eager_last(eager, steps[: k + 1])
+        np.testing.assert_allclose(theirs[k][0].reshape(-1), eager_logits, **TOL)
+        np.testing.assert_allclose(ours, theirs[k][0].reshape(-1), **TOL)
