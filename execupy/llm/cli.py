@@ -44,7 +44,12 @@ def _add_export(sub) -> None:
 
 
 def cmd_export_llm(args: argparse.Namespace) -> int:
+    import warnings
+
     from execupy.llm.export import export_llm
+
+    # torch 2.13's own pytree code trips its own deprecation warning during export; not the user's concern.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
 
     source = args.gguf or args.hf or args.meta
     result = export_llm(source, args.output, max_seq_len=args.max_seq_len, max_prefill_len=args.max_prefill_len,

@@ -12,8 +12,9 @@ method with a KV cache held in mutable buffers (T dynamic in 1..max_prefill_len)
 and attended in place by the ``llama::`` custom ops unless ``custom_ops=False``, and
 constant methods the runner reads instead of a side config file:
 
-    get_max_seq_len, get_max_prefill_len, get_vocab_size, get_bos_id, get_eos_ids (list),
-    use_kv_cache, get_add_bos, get_chat_template (string, "" when none)
+    get_max_seq_len, get_max_context_len, get_max_prefill_len, get_vocab_size, get_n_layers,
+    get_bos_id, get_eos_ids (list), use_kv_cache, use_sdpa_with_kv_cache, enable_dynamic_shape,
+    get_add_bos, get_chat_template (string, "" when none)
 
 The BOS/EOS ids, add-BOS flag and chat template live in the program, not in the
 tokenizer file, because ``Tokenizer.save`` writes only the vocabulary.
@@ -160,8 +161,7 @@ class LLMExportManager:
         from execupy.exir import to_edge
 
         self._say("lowering to the edge dialect")
-        config = self.model.config
-        methods = constant_methods(config.vocab_size, self.model.max_seq_len, self.max_prefill_len, self.tokenizer)
+        methods = constant_methods(self.model, self.max_prefill_len, self.tokenizer)
         self.edge = to_edge(self.exported, constant_methods=methods)
         return self
 
@@ -239,16 +239,21 @@ def weight_first_linears(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def constant_methods(vocab_size: int, max_seq_len: int, max_prefill_len: int, tokenizer: object | None) -> dict:
-    """The metadata the runner reads back from the program."""
+def constant_methods(model: Transformer, max_prefill_len: int, tokenizer: object | None) -> dict:
+    """The metadata the runner reads back from the program. Ours, plus the names
+    ExecuTorch's llama runner reads, so that its runner finds what it looks for."""
     bos = getattr(tokenizer, "bos_id", None)
     return {
-        "get_max_seq_len": int(max_seq_len),
+        "get_max_seq_len": int(model.max_seq_len),
+        "get_max_context_len": int(model.max_seq_len),
         "get_max_prefill_len": int(max_prefill_len),
-        "get_vocab_size": int(vocab_size),
+        "get_vocab_size": int(model.config.vocab_size),
+        "get_n_layers": int(model.config.n_layers),
         "get_bos_id": int(bos) if bos is not None else -1,
         "get_eos_ids": [int(i) for i in getattr(tokenizer, "eos_ids", ())],
         "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": bool(model.use_custom_ops),
+        "enable_dynamic_shape": max_prefill_len > 1,
         "get_add_bos": bool(getattr(tokenizer, "add_bos", False)),
         "get_chat_template": getattr(tokenizer, "chat_template", None) or "",
     }

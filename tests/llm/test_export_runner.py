@@ -76,6 +76,14 @@ def test_export_writes_program_tokenizer_and_metadata(exported):
     assert (m.max_seq_len, m.max_prefill_len, m.vocab_size) == (MAX_SEQ_LEN, MAX_PREFILL, eager.config.vocab_size)
     assert m.eos_ids == (runner.tokenizer.special_tokens["<|im_end|>"],)
     assert m.chat_template == CHATML
+    # The names ExecuTorch's llama runner reads are there too.
+    from execupy.runtime import Program
+
+    program = Program.load(result.pte_path)
+    read = {name: program.load_method(name).execute([]) for name in
+            ("get_max_context_len", "get_n_layers", "use_sdpa_with_kv_cache", "enable_dynamic_shape")}
+    assert read == {"get_max_context_len": [MAX_SEQ_LEN], "get_n_layers": [eager.config.n_layers],
+                    "use_sdpa_with_kv_cache": [True], "enable_dynamic_shape": [True]}
 
 
 def _operators(pte: Path) -> set[str]:
