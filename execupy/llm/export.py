@@ -51,6 +51,11 @@ class ExportResult:
     seconds: float
 
 
+def _check_dtype(dtype: str) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported yet (choose from {', '.join(SUPPORTED_DTYPES)})")
+
+
 def tokenizer_path_for(pte_path: str | os.PathLike, tokenizer: object | None = None) -> Path:
     """Where the tokenizer file sits next to a program: ``<stem>.tokenizer.json`` for
     `tokenizers`-based vocabularies, ``<stem>.tokenizer.model`` for the others."""
@@ -77,6 +82,7 @@ def export_llm(
     ``custom_ops`` (the default) updates and attends the KV cache in place with
     ``llama::update_cache`` / ``llama::custom_sdpa``; ``custom_ops=False`` writes the
     program in core ATen ops only, which ExecuTorch's stock runtime loads as well."""
+    _check_dtype(dtype)  # before the (slow) load, not after
     output_path = Path(output_path)
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
@@ -138,8 +144,7 @@ class LLMExportManager:
         return self
 
     def set_dtype(self, dtype: str) -> "LLMExportManager":
-        if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported yet (choose from {', '.join(SUPPORTED_DTYPES)})")
+        _check_dtype(dtype)
         self.dtype = dtype
         return self
 
