@@ -102,12 +102,12 @@ class Attention(nn.Module):
             torch.ops.llama.update_cache(k, self.k_cache, start_pos)
             torch.ops.llama.update_cache(v, self.v_cache, start_pos)
             out = torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, start_pos, None, 0.0, True)
-            return self.wo(out.reshape(bsz, seqlen, self.n_heads * self.head_dim))
-        if self.use_kv_cache:
-            self.k_cache[:, positions] = k  # in-place index_put_: a mutable buffer in the export
-            self.v_cache[:, positions] = v
-            k, v = self.k_cache, self.v_cache
-        out = attention(q, k, v, mask)
+        else:
+            if self.use_kv_cache:
+                self.k_cache[:, positions] = k  # in-place index_put_: a mutable buffer in the export
+                self.v_cache[:, positions] = v
+                k, v = self.k_cache, self.v_cache
+            out = attention(q, k, v, mask)
         return self.wo(out.reshape(bsz, seqlen, self.n_heads * self.head_dim))
 
 
