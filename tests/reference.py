@@ -100,8 +100,9 @@ module = _load_for_executorch(sys.argv[1])
 outs = {}
 for k in range(int(data["steps"])):
     args = tuple(torch.from_numpy(data[f"step{k}_in{i}"]) for i in range(int(data[f"step{k}_n"])))
-    for i, o in enumerate(module.run_method("forward", args)):
-        outs[f"step{k}_out{i}"] = o.numpy()
+    results = module.run_method("forward", args)
+    outs[f"step{k}_n"] = np.asarray(len(results))
+    outs.update({f"step{k}_out{i}": o.numpy() for i, o in enumerate(results)})
 np.savez(sys.argv[4], **outs)
 """
 
@@ -133,8 +134,7 @@ def run_reference_steps(pte: os.PathLike | str, steps: Sequence[Sequence[np.ndar
         if proc.returncode != 0:
             raise ReferenceError(f"reference worker exited {proc.returncode}: {_last_lines(proc.stderr)}")
         data = np.load(Path(tmp) / "out.npz")
-        return [[data[f"step{k}_out{i}"] for i in range(len([n for n in data.files if n.startswith(f"step{k}_")]))]
-                for k in range(len(steps))]
+        return [[data[f"step{k}_out{i}"] for i in range(int(data[f"step{k}_n"]))] for k in range(len(steps))]
 
 
 def _last_lines(text: str, n: int = 5) -> str:

@@ -1,11 +1,12 @@
 """The tiny fp32 Llama export runs the same in ExecuTorch's own runtime as in ours and in torch.
 
-The last test does the same for the default export (llama:: custom ops), in ExecuTorch's
-runtime with ExecuTorch's own kernels of those ops: same op names, same semantics.
+The last test uses our own worker in the reference venv (tests/reference.py,
+run_reference_steps), which can: prefill then two decode steps of the default export
+(llama:: custom ops) in one loaded program, with ExecuTorch's own kernels of those ops.
 
-The reference tool loads a program once and calls it ``calls`` times with the SAME inputs,
-so it cannot feed a prefill and then a different decode step into one loaded program.
-What is compared instead, all on the one exported .pte (fp32, no custom ops):
+The shared reference tool loads a program once and calls it ``calls`` times with the SAME
+inputs, so it cannot feed a prefill and then a different decode step into one loaded
+program. What is compared with it, all on the one exported .pte (fp32, no custom ops):
 
 1. prefill: tokens[:T] at input_pos [0] on a fresh program -> last-position logits, in the
    reference runtime, in ours and in torch eager.
