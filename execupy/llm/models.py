@@ -217,18 +217,16 @@ class Transformer(nn.Module):
         seqlen = tokens.shape[1]
         steps = torch.arange(seqlen, dtype=torch.long, device=tokens.device)
         start_pos = mask = None
-        if self.use_custom_ops:
+        if self.use_kv_cache:
             if input_pos is None:
                 raise ValueError("a model with a KV cache needs input_pos (the start position)")
             positions = input_pos.reshape(1) + steps
-            start_pos = input_pos.reshape(-1)[0].item()  # an int the ops take (a SymInt in the export)
-            torch._check(start_pos >= 0)
-            torch._check(start_pos < self.max_seq_len)
-        elif self.use_kv_cache:
-            if input_pos is None:
-                raise ValueError("a model with a KV cache needs input_pos (the start position)")
-            positions = input_pos.reshape(1) + steps
-            mask = self.causal_mask[positions]  # [T, max_seq_len]: row p lets keys <= p through
+            if self.use_custom_ops:
+                start_pos = input_pos.reshape(-1)[0].item()  # an int the ops take (a SymInt in the export)
+                torch._check(start_pos >= 0)
+                torch._check(start_pos < self.max_seq_len)
+            else:
+                mask = self.causal_mask[positions]  # [T, max_seq_len]: row p lets keys <= p through
         else:
             positions = steps
             mask = self.causal_mask[:seqlen, :seqlen]
