@@ -58,7 +58,7 @@ def ours(name: str, repeat: int, delegate: bool = False) -> dict:
 
     lower = to_edge
     if delegate:  # our exporter with NumpyFusedBackend taking what it can
-        from execupy.backends.numpy_fused.preprocess import NumpyFusedPartitioner
+        from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
 
         def lower(ep):
             return to_edge(ep).to_backend(NumpyFusedPartitioner())

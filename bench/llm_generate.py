@@ -8,7 +8,7 @@ All four run in this one invocation, on the same prompt tokens, greedy, one afte
 * ``execupy``: the .pte from ``export_llm`` (fp32, the llama:: KV-cache ops), run by LLMRunner.
 * ``execupy --no-custom-ops``: the core-ATen export (index_put cache update, attention
   over the whole cache), the form ExecuTorch's stock runtime loads.
-* ``torch eager``: the same fp32 Transformer (execupy.llm.models) with its KV cache.
+* ``torch eager``: the same fp32 Transformer (execupy.llm.export.models) with its KV cache.
 * ``llama.cpp``: llama-cpp-python on the GGUF itself (Q4_1 weights, its own kernels), in
   the venv bench/tokenizer_interop.py builds (``--setup`` there), as a worker process.
 
@@ -71,7 +71,7 @@ def run_eager(gguf: Path, tokens: list[int], new: int, max_seq_len: int) -> dict
     import torch
 
     from execupy.llm.loaders import load_checkpoint
-    from execupy.llm.models import Transformer, greedy_generate
+    from execupy.llm.export.models import Transformer, greedy_generate
 
     config, state = load_checkpoint(gguf)
     model = Transformer.from_state_dict(config, state, max_seq_len=max_seq_len)

@@ -1,10 +1,14 @@
 """The runtime half of execupy works in a process where torch (and executorch) cannot be imported.
 
-A child interpreter installs a meta-path finder that refuses `torch`, `executorch` and
-their submodules (and records who asked), imports every module under execupy.schema,
-execupy.runtime and execupy.kernels, the torch-free parts of backends and llm, the
-program summary and the CLI, then runs conformance programs through Module and checks
-their outputs against ExecuTorch's.
+The boundary is in the paths: a module may import torch only when a folder or file on
+its path is named for the torch side (TORCH_SIDE: `exir/`, `llm/export/`,
+`backends/<name>/aot.py`, `quantization/`). A child interpreter installs a meta-path
+finder that refuses `torch`, `executorch` and their submodules (and records who asked),
+walks execupy/ and imports every other module, then runs conformance programs through
+Module and checks their outputs against ExecuTorch's.
+
+A second test reads the imports of every module (without running them) and checks that
+the layers import only downward: schema -> kernels -> runtime -> the rest.
 """
 import json
 import subprocess
@@ -16,6 +20,9 @@ import pytest
 from .conformance import CORPUS
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Folder and module names that mark the torch side of the package.
+TORCH_SIDE = ("exir", "export", "aot", "quantization")
 
 CASES = ["portable-add_sub_mul_div_broadcast", "portable-nested_outputs", "portable-llama_block"]
 
@@ -43,30 +50,19 @@ except ImportError:
     blocker_works = True
 attempts.clear()
 
-def walk(package_name):
-    """Module names under a package, from the file tree (importing packages to walk them could import torch)."""
-    root = pathlib.Path("execupy", *package_name.split(".")[1:])
+TORCH_SIDE = set(sys.argv[1].split(","))
+
+def torch_free_modules():
+    """Every module under execupy/ whose path has no torch-side folder or module name in it."""
     names = []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(pathlib.Path("execupy").rglob("*.py")):
         parts = path.with_suffix("").parts
+        if TORCH_SIDE & set(parts):
+            continue
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
 
-def wanted_optional(name):
-    """Torch-free parts of packages that also hold torch code: backend runtimes, LLM runner side."""
-    last = name.rsplit(".", 1)[-1]
-    if name.startswith("execupy.backends."):
-        return "runtime" in name.split(".")
-    if name.startswith("execupy.llm."):
-        return last.startswith(("tokenizer", "sampler", "runner")) or ".tokenizers." in name + "."
-    return False
-
-modules = []
-for root in ("execupy.schema", "execupy.runtime", "execupy.kernels"):
-    modules += walk(root)
-for root in ("execupy.backends", "execupy.llm"):
-    modules += [m for m in walk(root) if wanted_optional(m)]
-modules += ["execupy.devtools.summary", "execupy.cli", "execupy.__main__"]
+modules = torch_free_modules()
 failed = {}
 for name in modules:
     try:
@@ -79,7 +75,7 @@ from tests.conformance import cases, expected_outputs, flatten, load_inputs, mis
 from execupy.runtime import Module
 
 results = {}
-wanted = set(sys.argv[1:])
+wanted = set(sys.argv[2:])
 for case in cases():
     if case.name not in wanted:
         continue
@@ -101,7 +97,7 @@ print(json.dumps({"blocker_works": blocker_works, "modules": modules, "failed": 
 
 @pytest.fixture(scope="module")
 def child() -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, *CASES], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", CHILD, ",".join(TORCH_SIDE), *CASES], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -114,7 +110,8 @@ def test_runtime_modules_import_without_torch(child):
     assert not child["torch_loaded"]
     imported = set(child["modules"])
     for name in ("execupy.schema.reader", "execupy.runtime.method", "execupy.kernels.portable.binary",
-                 "execupy.devtools.summary", "execupy.cli"):
+                 "execupy.devtools.summary", "execupy.cli", "execupy.llm.runner", "execupy.llm.tokenizer",
+                 "execupy.llm.loaders", "execupy.backends.numpy_fused.runtime"):
         assert name in imported
 
 
@@ -123,3 +120,46 @@ def test_conformance_programs_run_without_torch(child):
     assert set(child["results"]) == set(CASES), "some cases were not run"
     for name, problems in child["results"].items():
         assert not problems, f"{name}: {problems}"
+
+
+# Which top-level parts of execupy each layer may import (besides itself and execupy.errors).
+ALLOWED_IMPORTS = {
+    "schema": set(),
+    "kernels": {"schema"},
+    "runtime": {"schema", "kernels"},
+}
+
+
+def _execupy_imports(path: Path) -> set[str]:
+    """Top-level execupy parts a module imports (absolute or relative), read from its source."""
+    import ast
+
+    package = path.relative_to(REPO).with_suffix("").parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                names = [target] if node.module else [[*base, a.name] for a in node.names]
+            else:
+                names = [node.module.split(".")] if node.module else []
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".") for a in node.names]
+        else:
+            continue
+        for parts in names:
+            if len(parts) >= 2 and parts[0] == "execupy":
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED_IMPORTS))
+def test_layers_import_only_downward(layer):
+    allowed = ALLOWED_IMPORTS[layer] | {layer, "errors"}
+    wrong = {}
+    for path in sorted((REPO / "execupy" / layer).rglob("*.py")):
+        bad = _execupy_imports(path) - allowed
+        if bad:
+            wrong[str(path.relative_to(REPO))] = sorted(bad)
+    assert not wrong, f"{layer} may import only {sorted(allowed)}; these import more: {wrong}"

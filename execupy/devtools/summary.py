@@ -224,7 +224,7 @@ def _operator_counts(plan: P.ExecutionPlan, instructions: list) -> dict[str, int
 
 
 def _delegate(program, k: int, d: P.BackendDelegate) -> dict[str, Any]:
-    from ..runtime.registry import get_backend
+    from ..runtime.backends import get_backend
 
     ref = d.processed
     where = {P.DataLocation.INLINE: "inline", P.DataLocation.SEGMENT: "segment"}.get(ref.location, f"?{ref.location}")
@@ -266,7 +266,7 @@ def _bad_references(m: dict) -> list[str]:
 
 
 def _missing_kernels(operators: dict[str, int]) -> list[str]:
-    from ..runtime.registry import get_kernel
+    from ..kernels.registry import get_kernel
 
     return [key for key in operators if not key.startswith("<") and get_kernel(key) is None]
 

@@ -23,7 +23,7 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.
 
         return load_hf(path)
     if (path / "params.json").is_file():
-        from execupy.llm.meta_loader import load_meta
+        from execupy.llm.export.meta_loader import load_meta
 
         return load_meta(path)
     raise CheckpointError(f"{path}: not a .gguf file, nor a folder with config.json (HF) or params.json (Meta)")

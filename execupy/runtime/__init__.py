@@ -2,11 +2,5 @@
 from .method import Method  # noqa: F401
 from .module import Module, unflatten  # noqa: F401
 from .program import MethodMeta, Program, ScalarInfo, TensorInfo  # noqa: F401
-from .registry import (  # noqa: F401
-    BackendContext,
-    get_backend,
-    get_kernel,
-    kernel_names,
-    register_backend,
-    register_kernel,
-)
+from ..kernels.registry import get_kernel, kernel_names, register_kernel  # noqa: F401
+from .backends import BackendContext, get_backend, register_backend  # noqa: F401

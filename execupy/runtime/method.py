@@ -25,7 +25,8 @@ from ..errors import (
     UnsupportedOperatorError,
 )
 from ..schema import program as P
-from .registry import BackendContext, get_backend, get_kernel
+from ..kernels.registry import get_kernel
+from .backends import BackendContext, backend_names, get_backend
 
 Step = Callable[[], Optional[int]]  # returns a jump destination, or None to fall through
 
@@ -88,15 +89,13 @@ class Method:
 
     def _check_backends(self) -> None:
         """A missing backend is reported before anything else: it is the actionable problem."""
-        from .registry import BACKENDS
-
         for d in self.plan.delegates:
             backend = get_backend(d.id)
             if backend is None or not backend.is_available():
                 state = "not registered" if backend is None else "not available on this machine"
                 raise MissingBackendError(
                     f"method {self.name!r} delegates to backend {d.id!r}, which is {state} in execupy "
-                    f"(registered backends: {sorted(BACKENDS) or 'none'})"
+                    f"(registered backends: {backend_names() or 'none'})"
                 )
 
     def _check_index(self, i: int, what: str) -> int:

@@ -10,7 +10,7 @@ import torch.nn as nn
 from torch.export import export
 
 from execupy.backends.numpy_fused import runtime as fused_runtime
-from execupy.backends.numpy_fused.preprocess import NumpyFusedPartitioner
+from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
 from execupy.exir import LoweredBackendModule, to_edge
 from execupy.runtime import Module, Program
 from execupy.schema import program as P
@@ -142,7 +142,7 @@ def test_user_passes_still_run_after_to_backend():
     import torch
     from torch.export import export
 
-    from execupy.backends.numpy_fused.preprocess import NumpyFusedPartitioner
+    from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
     from execupy.exir import to_edge
     from execupy.runtime import Module
 
@@ -156,7 +156,7 @@ def test_user_passes_still_run_after_to_backend():
 
 def test_stable_sort_keeps_reads_and_in_place_writes_of_a_buffer_in_order():
     from execupy.exir.backend import stable_topological_sort
-    from execupy.llm import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
+    from execupy.llm.export import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
 
     g = torch.fx.Graph()
     cache, value, q = g.placeholder("cache"), g.placeholder("value"), g.placeholder("q")

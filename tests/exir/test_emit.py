@@ -55,7 +55,7 @@ class InPlaceCache(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from execupy.llm import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
+        from execupy.llm.export import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
 
         self.register_buffer("cache", torch.zeros(1, 6, 1, 2), persistent=False)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from execupy.runtime.registry import get_kernel
+from execupy.kernels.registry import get_kernel
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FLOATS = ["float32", "float64", "float16", "bfloat16"]

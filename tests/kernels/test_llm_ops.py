@@ -1,4 +1,4 @@
-"""The llama:: KV-cache kernels against their torch eager definitions (execupy.llm.custom_ops),
+"""The llama:: KV-cache kernels against their torch eager definitions (execupy.llm.export.custom_ops),
 and against plain masked attention over the whole cache (the core-ATen form they replace)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from execupy.kernels.llm.kv_cache import custom_sdpa, update_cache
-from execupy.llm import custom_ops
-from execupy.llm.models import attention
+from execupy.llm.export import custom_ops
+from execupy.llm.export.models import attention
 
 rng = np.random.default_rng(0)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from execupy.runtime.registry import get_kernel
+from execupy.kernels.registry import get_kernel
 from execupy.schema.program import scalar_type_of
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from execupy.kernels.portable.pool import pooling_output_size
-from execupy.runtime.registry import get_kernel
+from execupy.kernels.registry import get_kernel
 
 aten = torch.ops.aten
 FLOATS = [np.float32, np.float64, np.float16]

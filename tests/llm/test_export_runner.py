@@ -20,7 +20,7 @@ from execupy.llm.loaders import smollm2_gguf_path
 from execupy.cli import main as cli_main
 from execupy.llm.export import export_llm
 from execupy.llm.loaders import load_checkpoint
-from execupy.llm.models import Transformer, greedy_generate
+from execupy.llm.export.models import Transformer, greedy_generate
 from execupy.llm.runner import ContextLengthError, LLMRunner
 from execupy.llm.sampler import SamplerConfig
 from tests.llm import tiny
@@ -106,7 +106,7 @@ def test_kv_cache_is_written_in_place_by_the_custom_ops(exported, tmp_path):
 
 
 def test_export_manager_runs_the_stages_a_user_chains(exported, tmp_path):
-    from execupy.backends.numpy_fused.preprocess import NumpyFusedPartitioner
+    from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
     from execupy.errors import ExportError
     from execupy.llm.export import LLMExportManager, weight_first_linears
 

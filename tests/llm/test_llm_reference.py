@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from execupy.llm.models import Transformer
+from execupy.llm.export.models import Transformer
 from execupy.llm.runner import LLMRunner
 from tests.llm.test_export_runner import MAX_PREFILL, export_tiny
 from tests.reference import run_reference, run_reference_steps

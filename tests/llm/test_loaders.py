@@ -17,8 +17,8 @@ from execupy.llm.config import CheckpointError, llama3_rope_freq_factors
 from execupy.llm.gguf_loader import load_gguf
 from execupy.llm.hf_loader import load_hf, read_safetensors
 from execupy.llm.loaders import load_checkpoint
-from execupy.llm.meta_loader import load_meta
-from execupy.llm.models import Transformer
+from execupy.llm.export.meta_loader import load_meta
+from execupy.llm.export.models import Transformer
 from tests.llm import tiny
 
 TOKENS = [3, 17, 42, 5, 96, 0, 11, 64, 23]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from execupy.llm.hf_loader import load_hf
-from execupy.llm.meta_loader import load_meta
-from execupy.llm.models import Transformer, greedy_generate
+from execupy.llm.export.meta_loader import load_meta
+from execupy.llm.export.models import Transformer, greedy_generate
 from tests.llm import tiny
 
 PROMPT = [5, 9, 33, 2, 71, 14]

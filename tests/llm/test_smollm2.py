@@ -18,7 +18,7 @@ import torch
 
 from execupy.llm.loaders import smollm2_gguf_path
 from execupy.llm.gguf_loader import GGUFFile, load_gguf
-from execupy.llm.models import Transformer, greedy_generate
+from execupy.llm.export.models import Transformer, greedy_generate
 from execupy.llm.tokenizer import load_tokenizer
 from tests.llm import tiny
 

@@ -4,7 +4,7 @@ The writers follow each format's own conventions (Meta: interleaved-pair RoPE ro
 HF: half rotation; GGUF llama: Meta's layout; GGUF qwen2: HF's layout; GPT-2: Conv1D
 [in, out] weights and a fused c_attn). The reference forwards are written from the
 papers' formulations (complex rotation for Meta RoPE, rotate_half for HF RoPE, a loop
-over heads), in float64, sharing no code with execupy.llm.models.
+over heads), in float64, sharing no code with execupy.llm.export.models.
 """
 
 from __future__ import annotations

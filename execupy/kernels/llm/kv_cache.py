@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 
 
 def _check_window(name: str, start_pos: int, seqlen: int, cache: np.ndarray) -> None:

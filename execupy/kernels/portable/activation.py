@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import compute_dtype, is_float, norm_dim
 from .binary import BOOL, operand
 from .unary import erf_f64, unary

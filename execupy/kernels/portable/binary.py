@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import _LOW_PRECISION, compute_dtype, is_float, write
 
 BOOL = np.dtype(np.bool_)

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import check_created, is_float, write
 
 

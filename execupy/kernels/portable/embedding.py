@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import write
 
 

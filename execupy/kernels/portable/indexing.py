@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import compute_dtype, is_float, norm_dim, write
 from .shape import clamp_slice, same_dtype, slice_index, wrap_index
 

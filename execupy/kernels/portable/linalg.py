@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import compute_dtype, is_float, write
 
 

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import compute_dtype, is_float, write
 
 INT64 = np.dtype(np.int64)

@@ -13,7 +13,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import check_created, norm_dim
 
 Number = Union[int, float, bool]

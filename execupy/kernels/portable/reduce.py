@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ...schema.program import numpy_dtype
 from ._util import compute_dtype, is_float, norm_dim, norm_dims, write
 

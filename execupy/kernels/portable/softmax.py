@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import compute_dtype, is_float, norm_dim, write
 
 

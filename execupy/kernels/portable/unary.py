@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import compute_dtype, is_float, write
 from .binary import BOOL, operand
 

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ._util import compute_dtype, is_float, write
 
 INT64 = np.dtype(np.int64)

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...runtime.registry import register_kernel
+from ..registry import register_kernel
 from ...schema.program import numpy_dtype
 from ..portable._util import compute_dtype, is_float, write
 

@@ -1,6 +1,6 @@
 """Torch half of NumpyFusedBackend: the partitioner and the payload writer.
 
-    from execupy.backends.numpy_fused.preprocess import NumpyFusedPartitioner
+    from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
     prog = to_edge(export(model, args)).to_backend(NumpyFusedPartitioner()).to_executorch()
 """
 from __future__ import annotations

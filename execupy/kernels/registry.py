@@ -1,4 +1,7 @@
-"""Kernel and backend registries: plain dicts keyed by ExecuTorch names.
+"""The kernel table: a plain dict keyed by ExecuTorch operator names.
+
+It sits below the runtime: kernel modules register into it, the runtime looks kernels
+up in it, and neither imports the other.
 
 Kernel calling convention (the whole contract between runtime and kernels):
 
@@ -24,7 +27,7 @@ A later, faster kernel library overrides an entry by registering the same key ag
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 Kernel = Callable[..., Any]
 
@@ -60,42 +63,3 @@ def get_kernel(key: str) -> Optional[Kernel]:
 def kernel_names() -> list[str]:
     _load_builtin_kernels()
     return sorted(KERNELS)
-
-
-# ---------------------------------------------------------------------------- backends
-
-
-class Backend(Protocol):
-    """A delegate runtime. `init` runs once per method load, `execute` per call."""
-
-    def is_available(self) -> bool: ...
-
-    def init(self, processed: memoryview, compile_specs: list, context: "BackendContext") -> Any: ...
-
-    def execute(self, handle: Any, args: list) -> Optional[list]:
-        """`args` are the DelegateCall's values (inputs, then outputs). Return the outputs
-        (they are stored into the trailing output slots) or None after writing them in place."""
-        ...
-
-
-class BackendContext:
-    """What a backend may ask of the program at init time."""
-
-    def __init__(self, named_data: Callable[[str], memoryview]):
-        self.named_data = named_data
-
-
-BACKENDS: dict[str, Backend] = {}
-_backends_loaded = False
-
-
-def register_backend(backend_id: str, backend: Backend) -> None:
-    BACKENDS[backend_id] = backend
-
-
-def get_backend(backend_id: str) -> Optional[Backend]:
-    global _backends_loaded
-    if not _backends_loaded:
-        _backends_loaded = True
-        from .. import backends  # noqa: F401  (built-in backends register on import)
-    return BACKENDS.get(backend_id)

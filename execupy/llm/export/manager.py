@@ -32,7 +32,7 @@ import torch
 
 from execupy.errors import ExecupyError, ExportError
 from execupy.llm.loaders import load_checkpoint
-from execupy.llm.models import Transformer
+from execupy.llm.export.models import Transformer
 
 Progress = Callable[[str], None]
 
@@ -99,7 +99,7 @@ class LLMExportManager:
                    .source_transform([weight_first_linears])   # any nn.Module -> nn.Module
                    .export()                                   # torch.export, T dynamic
                    .to_edge()                                  # core ATen + metadata methods
-                   .to_backend([NumpyFusedPartitioner()])      # optional (backends.numpy_fused.preprocess)
+                   .to_backend([NumpyFusedPartitioner()])      # optional (backends.numpy_fused.aot)
                    .to_executorch())                           # memory planning + emit
         result = manager.save("model.pte")                     # .pte + tokenizer file
 

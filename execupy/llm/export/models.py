@@ -15,7 +15,7 @@ buffers; one call can prefill T tokens or decode one. Attention then runs over t
 cache with a causal mask row per query position, which keeps every shape static except T
 (no data-dependent slicing) and every op in core ATen: the form any ExecuTorch runtime
 loads. With ``use_custom_ops=True`` the cache is instead written and read in place by
-``llama::update_cache`` and ``llama::custom_sdpa`` (execupy.llm.custom_ops), which attend
+``llama::update_cache`` and ``llama::custom_sdpa`` (execupy.llm.export.custom_ops), which attend
 to the filled slots only: the fast form. With ``use_kv_cache=False`` the model is the
 plain full-sequence forward, the independent reference for the cached ones.
 
@@ -178,7 +178,7 @@ class Transformer(nn.Module):
         if use_custom_ops:
             if not use_kv_cache:
                 raise ValueError("use_custom_ops needs use_kv_cache (the ops read and write the cache)")
-            from execupy.llm import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
+            from execupy.llm.export import custom_ops  # noqa: F401  (defines torch.ops.llama.*)
         self.config = config
         # The context this instance supports (cache size); defaults to the trained
         # context capped at 2048 so that long-context models do not allocate huge caches.
