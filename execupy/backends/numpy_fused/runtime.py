@@ -1,6 +1,6 @@
 """Runtime half of NumpyFusedBackend (no torch): parse the payload once, run it per call.
 
-Payload layout (all of it written by preprocess.py, read only here):
+Payload layout (all of it written by aot.py, read only here):
 
     b"NPFUSED1"  | u32 little-endian header length | JSON header | zero pad to 16 | weights
 

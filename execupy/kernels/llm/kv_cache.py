@@ -1,6 +1,6 @@
 """`llama::update_cache.out` and `llama::custom_sdpa.out`: the KV cache read and written in place.
 
-Semantics (the torch side and its eager reference: execupy/llm/custom_ops.py):
+Semantics (the torch side and its eager reference: execupy/llm/export/custom_ops.py):
 
 * update_cache(value [B, T, Hkv, D], cache [B, S, Hkv, D], start_pos) writes value into
   cache[:, start_pos : start_pos + T]. The cache is a mutable buffer in planned memory,

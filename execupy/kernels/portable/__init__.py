@@ -1,1 +1,1 @@
-"""Portable numpy kernels, one file per operator family (see runtime/registry.py for the calling convention)."""
+"""Portable numpy kernels, one file per operator family (see kernels/registry.py for the calling convention)."""
