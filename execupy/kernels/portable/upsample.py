@@ -1,6 +1,6 @@
 """Resampling: upsample_nearest{1,2,3}d, _upsample_nearest_exact{1,2,3}d, upsample_linear1d,
-upsample_bilinear2d, upsample_trilinear3d, upsample_bicubic2d (`.vec_out` and `.out`
-overloads) and grid_sampler_2d.
+upsample_bilinear2d, _upsample_bilinear2d_aa (anti-aliased), upsample_trilinear3d,
+upsample_bicubic2d (`.vec_out` and `.out` overloads) and grid_sampler_2d.
 
 Upsampling is separable: each spatial axis gets a table of source positions (and, for
 the interpolating modes, weights), computed with ATen's formulas and in ATen's
@@ -154,6 +154,27 @@ def _cubic_taps(in_size: int, out_size: int, align_corners: bool, scale: Optiona
     return np.clip(idx, 0, in_size - 1), _cubic_weights(t)
 
 
+def _antialias_taps(in_size: int, out_size: int, align_corners: bool, scale: Optional[float], dtype: np.dtype):
+    """Anti-aliased linear taps (ATen `_compute_index_ranges_weights` with the triangle filter):
+    when shrinking, the triangle widens by the scale so every input pixel contributes; the
+    weights of each output are normalized to sum to 1. Unused taps get weight 0."""
+    s = _area_scale(in_size, out_size, align_corners, scale, dtype)
+    one, half = dtype.type(1), dtype.type(0.5)
+    support = s if s >= one else one
+    invscale = one / s if s >= one else one
+    width = int(np.ceil(support)) * 2 + 1
+    center = s * (np.arange(out_size).astype(dtype) + half)
+    first = np.maximum((center - support + half).astype(INT64), 0)  # C cast: truncation
+    count = np.clip(np.minimum((center + support + half).astype(INT64), in_size) - first, 0, width)
+    taps = np.arange(width)
+    idx = first[:, None] + taps
+    w = np.maximum(one - np.abs((idx.astype(dtype) - center[:, None] + half) * invscale), dtype.type(0))
+    w = np.where(taps < count[:, None], w, dtype.type(0)).astype(dtype)
+    total = w.sum(axis=1, keepdims=True)
+    w = np.where(total != 0, w / np.where(total != 0, total, one), w).astype(dtype)
+    return np.minimum(idx, in_size - 1), w
+
+
 def _interpolate(x: np.ndarray, k: int, size, align_corners: bool, scales, taps_fn, out: np.ndarray,
                  name: str) -> np.ndarray:
     _check_input(x, k, name)
@@ -214,6 +235,7 @@ _interpolating_kernels("upsample_linear1d", 1, _linear_taps)
 _interpolating_kernels("upsample_bilinear2d", 2, _linear_taps)
 _interpolating_kernels("upsample_trilinear3d", 3, _linear_taps)
 _interpolating_kernels("upsample_bicubic2d", 2, _cubic_taps)
+_interpolating_kernels("_upsample_bilinear2d_aa", 2, _antialias_taps)
 
 
 # ----------------------------------------------------------------------------- grid_sampler_2d
