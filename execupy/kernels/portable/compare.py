@@ -151,8 +151,6 @@ def tensors_close(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_
     too) are close, NaN is close to NaN only with equal_nan."""
     if a.dtype != b.dtype or a.shape != b.shape:
         raise ValueError(f"allclose: tensors differ in dtype or shape ({a.dtype}{a.shape} vs {b.dtype}{b.shape})")
-    if a.dtype == BOOL:
-        return bool(np.array_equal(a, b))
     wide = np.dtype(np.float64)
     return bool(np.allclose(a.astype(wide), b.astype(wide), rtol=float(rtol), atol=float(atol), equal_nan=bool(equal_nan)))
 

@@ -282,7 +282,7 @@ def var_correction(x: np.ndarray, dim: Dims = None, correction=None, keepdim: bo
 @register_kernel("aten::var_mean.correction_out")
 def var_mean_correction(x: np.ndarray, dim: Dims = None, correction=None, keepdim: bool = False,
                         out0: np.ndarray = None, out1: np.ndarray = None) -> tuple[np.ndarray, np.ndarray]:
-    """(variance, mean) over the same dims in one pass over the data."""
+    """(variance, mean) over the same dims, from one computation of the mean."""
     var, mean = _variance_and_mean(x, dim, correction, keepdim, out0)
     return write(out0, var), write(out1, mean)
 
