@@ -230,6 +230,12 @@ def test_as_strided_copy_cannot_read_past_its_input():
         run("aten::as_strided_copy.out", x, (2,), (-1,), 3, np.zeros((2,), np.float32))
 
 
+def test_unfold_copy_refuses_windows_too_many_to_hold():
+    x = np.zeros(20_000, np.float32)  # 10_001 overlapping windows of 10_000: 10**8 elements
+    with pytest.raises(ValueError, match="refusing"):
+        run("aten::unfold_copy.out", x, 0, 10_000, 1, np.zeros((1,), np.float32))
+
+
 def test_t_copy_refuses_three_dims():
     with pytest.raises(ValueError, match="at most 2"):
         run("aten::t_copy.out", np.zeros((2, 2, 2)), np.zeros((2, 2, 2)))
@@ -280,6 +286,20 @@ def test_pdist_matches_torch(dtype):
         expected = via(dtype, torch.float32, lambda a: aten._pdist_forward(a, p), x) \
             if dtype in (torch.float16, torch.bfloat16) else aten._pdist_forward(x, p)
         run_out("aten::_pdist_forward.out", expected, to_np(x), p)
+
+
+def test_distances_computed_in_slices_equal_the_whole(monkeypatch):
+    """Large inputs are done a slice of rows (pairs) at a time to bound memory: same values."""
+    from execupy.kernels.portable import linalg
+
+    x1, x2 = rand((2, 1, 9, 3), torch.float32, seed=8), rand((3, 5, 3), torch.float32, seed=9)
+    whole = run_out("aten::_cdist_forward.out", aten._cdist_forward(x1, x2, 3.0, None), to_np(x1), to_np(x2), 3.0, None)
+    pairs = run_out("aten::_pdist_forward.out", aten._pdist_forward(x1[0, 0], 1.0), to_np(x1[0, 0]), 1.0)
+    monkeypatch.setattr(linalg, "_CHUNK", 7)
+    np.testing.assert_array_equal(run("aten::_cdist_forward.out", to_np(x1), to_np(x2), 3.0, None, out_like(
+        torch.empty(2, 3, 9, 5))), whole)
+    np.testing.assert_array_equal(run("aten::_pdist_forward.out", to_np(x1[0, 0]), 1.0, np.zeros(36, np.float32)),
+                                  pairs)
 
 
 def test_distances_refuse_negative_p_and_mismatched_features():

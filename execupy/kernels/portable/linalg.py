@@ -115,6 +115,17 @@ def _p_norm(diff: np.ndarray, p: float) -> np.ndarray:
     return np.power(np.sum(np.power(diff, diff.dtype.type(p)), axis=-1), diff.dtype.type(1 / p))
 
 
+# Differences are materialized a slice at a time: at most this many elements at once.
+_CHUNK = 1 << 22
+
+
+def _chunks(total: int, per_item: int) -> list[slice]:
+    """Slices covering range(total) (at least one, possibly empty), each of at most
+    _CHUNK // per_item items."""
+    step = max(1, _CHUNK // max(1, per_item))
+    return [slice(start, start + step) for start in range(0, max(total, 1), step)]
+
+
 def _distance_dtype(out: np.ndarray, name: str, p: float, *inputs: np.ndarray) -> np.dtype:
     if not is_float(out.dtype) or any(x.dtype != out.dtype for x in inputs):
         raise TypeError(f"{name}: inputs and out must share one floating dtype, got "
@@ -135,8 +146,12 @@ def cdist_forward(x1: np.ndarray, x2: np.ndarray, p: float, compute_mode: Option
     if compute_mode is not None and compute_mode not in (0, 1, 2):
         raise ValueError(f"_cdist_forward: compute_mode must be 0, 1 or 2, got {compute_mode}")
     a, b = _operand(x1, dtype), _operand(x2, dtype)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    per_row = int(np.prod(batch, dtype=np.int64)) * b.shape[-2] * b.shape[-1]
     with np.errstate(all="ignore"):
-        return write(out, _p_norm(np.abs(a[..., :, None, :] - b[..., None, :, :]), p))
+        parts = [_p_norm(np.abs(a[..., rows, None, :] - b[..., None, :, :]), p)
+                 for rows in _chunks(a.shape[-2], per_row)]
+    return write(out, np.concatenate(parts, axis=-2))
 
 
 @register_kernel("aten::_pdist_forward.out")
@@ -149,4 +164,5 @@ def pdist_forward(x: np.ndarray, p: float = 2, out: np.ndarray = None) -> np.nda
     i, j = np.triu_indices(x.shape[0], k=1)
     rows = _operand(x, dtype)
     with np.errstate(all="ignore"):
-        return write(out, _p_norm(np.abs(rows[i] - rows[j]), p))
+        parts = [_p_norm(np.abs(rows[i[pairs]] - rows[j[pairs]]), p) for pairs in _chunks(i.size, x.shape[1])]
+    return write(out, np.concatenate(parts))

@@ -64,6 +64,7 @@ def unfold_copy(x: np.ndarray, dimension: int, size: int, step: int, out: np.nda
         raise ValueError(f"unfold_copy: size {size} and step {step} do not fit dim {dim} of shape {x.shape}")
     windows = np.lib.stride_tricks.sliding_window_view(lifted, size, axis=dim)
     windows = windows[(slice(None),) * dim + (slice(None, None, step),)]
+    check_created(windows.shape)  # overlapping windows can be far larger than x
     return write(out, windows.reshape(windows.shape[1:]) if x.ndim == 0 else windows)
 
 
