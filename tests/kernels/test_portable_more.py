@@ -6,10 +6,20 @@ Each kernel is called as the runtime calls it (every schema argument, then the p
 tensors) and compared with `torch.ops.aten` on seeded inputs, for every dtype ExecuTorch's
 portable kernel accepts (named per test). Where torch lacks a dtype that ExecuTorch takes,
 the expectation comes from torch in a wider dtype, converted, and the test says so.
+
+At the end, the interfaces a user touches: a program execupy exports with these ops runs
+like eager and like ExecuTorch's runtime, and programs ExecuTorch's own exporter wrote
+(keeping each op whole) give in execupy what they give in ExecuTorch (`reference` tests).
+Two deliberate differences from ExecuTorch 1.5's portable kernels, both ATen's behaviour:
+native_dropout rescales kept values by 1 / (1 - p), and allclose treats inf and NaN (and
+bool and integer tolerances) as torch.allclose does.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import subprocess
 from itertools import product
 from pathlib import Path
 
@@ -22,7 +32,7 @@ from execupy.errors import UnsupportedOperatorError
 from execupy.runtime import Module, Program
 from execupy.schema import read_pte
 
-from ..reference import run_reference
+from ..reference import ReferenceError, reference_python, run_reference
 from .test_reduce_linalg import FLOATS, INTS, aten, assert_matches, out_like, rand, run, run_out, to_np
 
 # ExecuTorch's dtype groups: ALL / REALHBBF16 = every real dtype plus bool.
@@ -184,6 +194,24 @@ def test_shifts_promote_mixed_operands_like_torch(dtype_a, dtype_b):
     values, counts = rand((4, 1), dtype_a, seed=5), rand((3,), dtype_b, seed=6, low=0, high=9)
     expected = aten.bitwise_left_shift.Tensor(values, counts)
     run_out("aten::bitwise_left_shift.Tensor_out", expected, to_np(values), to_np(counts))
+
+
+def test_python_shift_operators_export_and_run():
+    """`a << b` exports as aten::__lshift__ (ExecuTorch 1.5 has no kernel for it; execupy does)."""
+    from torch.export import export
+
+    from execupy.exir import to_edge
+
+    class Shifts(torch.nn.Module):
+        def forward(self, a, b):
+            return a << b, a >> b, a << 3, a >> 2
+
+    a, b = rand((4, 5), torch.int32, seed=5, low=-100, high=100), rand((5,), torch.int32, seed=6, low=0, high=33)
+    pte = to_edge(export(Shifts(), (a, b))).to_executorch().buffer
+    assert {"aten::__lshift__.Tensor_out", "aten::__rshift__.Scalar_out"} <= set(
+        Program.load(pte).method_meta("forward").operators)
+    for got, expected in zip(Module(pte).forward(to_np(a), to_np(b)), Shifts()(a, b)):
+        assert_matches(got, expected)
 
 
 def test_bool_shifts_follow_cs_integer_shift_then_truth():
@@ -588,3 +616,149 @@ def test_executorchs_runtime_agrees_on_the_same_program(exported_program):
     for a, b in zip(ours, theirs):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- programs ExecuTorch wrote
+
+# Each case is exported by ExecuTorch's own exporter and run in its runtime (a worker in the
+# reference venv); execupy then runs the same .pte on the same inputs. `forward` is the
+# body of a lambda over the inputs; `keep` lists the ATen ops ExecuTorch must not decompose
+# (so the program calls the kernel under test, named by `op`); `check` is "same" (ExecuTorch's
+# outputs), or for random ops what execupy's outputs must look like.
+ET_CASES = {
+    "reflection_pad1d": dict(forward="x: F.pad(x, (2, 1), mode='reflect')", inputs="(torch.randn(2, 3, 5),)",
+                             keep=["aten.reflection_pad1d.default"]),
+    "reflection_pad2d": dict(forward="x: F.pad(x, (2, 1, 0, 3), mode='reflect')", inputs="(torch.randn(2, 3, 4, 5),)",
+                             keep=["aten.reflection_pad2d.default"]),
+    "reflection_pad3d": dict(forward="x: F.pad(x, (1, 1, 2, 0, 1, 2), mode='reflect')",
+                             inputs="(torch.randn(1, 2, 3, 4, 5),)", keep=["aten.reflection_pad3d.default"]),
+    "replication_pad1d": dict(forward="x: F.pad(x, (3, 1), mode='replicate')", inputs="(torch.randn(2, 3, 5),)",
+                              keep=["aten.replication_pad1d.default"]),
+    "replication_pad2d": dict(forward="x: F.pad(x, (2, 1, 0, 3), mode='replicate')",
+                              inputs="(torch.randn(2, 3, 4, 5),)", keep=["aten.replication_pad2d.default"]),
+    "replication_pad3d": dict(forward="x: F.pad(x, (1, 1, 2, 0, 1, 2), mode='replicate')",
+                              inputs="(torch.randn(1, 2, 3, 4, 5),)", keep=["aten.replication_pad3d.default"]),
+    "pixel_shuffle": dict(forward="x: F.pixel_shuffle(x, 2)", inputs="(torch.randn(2, 8, 3, 4),)",
+                          keep=["aten.pixel_shuffle.default"]),
+    "pixel_unshuffle": dict(forward="x: F.pixel_unshuffle(x, 2)", inputs="(torch.randn(2, 3, 4, 6),)",
+                            keep=["aten.pixel_unshuffle.default"]),
+    "masked_select": dict(forward="x, m: torch.masked_select(x, m)", inputs="(torch.randn(3, 4), torch.rand(4) > 0.5)"),
+    "masked_scatter": dict(forward="x, m, s: x.masked_scatter(m, s)",
+                           inputs="(torch.randn(3, 4), torch.rand(3, 4) > 0.5, torch.randn(12))"),
+    "var_mean": dict(forward="x: torch.var_mean(x, dim=(0, 2), correction=0, keepdim=True)",
+                     inputs="(torch.randn(3, 4, 5),)", op="aten::var_mean.correction_out"),
+    "bitwise_left_shift": dict(forward="a, b: (torch.bitwise_left_shift(a, b), torch.bitwise_left_shift(a, 3))",
+                               inputs="(torch.randint(-100, 100, (4, 5), dtype=torch.int32), "
+                                      "torch.randint(0, 8, (5,), dtype=torch.int32))", op="aten::bitwise_left_shift.Tensor_out"),
+    "bitwise_right_shift": dict(forward="a, b: (torch.bitwise_right_shift(a, b), torch.bitwise_right_shift(a, 2))",
+                                inputs="(torch.randint(-100, 100, (4, 5), dtype=torch.int64), "
+                                       "torch.randint(0, 9, (4, 1), dtype=torch.int64))",
+                                op="aten::bitwise_right_shift.Tensor_out"),
+    "diagonal_copy": dict(forward="x: torch.diagonal(x, 1, 0, 2) * 1", inputs="(torch.randn(4, 3, 5),)"),
+    "unfold_copy": dict(forward="x: x.unfold(1, 3, 2) * 1", inputs="(torch.randn(4, 9, 2),)"),
+    "t_copy": dict(forward="x: x.t() * 1", inputs="(torch.randn(4, 3),)", keep=["aten.t.default"]),
+    "transpose_copy": dict(forward="x: x.transpose(0, 2) * 1", inputs="(torch.randn(4, 3, 2),)",
+                           keep=["aten.transpose.int"], op="aten::transpose_copy.int_out"),
+    "as_strided_copy": dict(forward="x: torch.as_strided(x, (3, 3), (4, 1), 1) * 1", inputs="(torch.randn(4, 4),)"),
+    "repeat_interleave": dict(forward="r: torch.repeat_interleave(r, output_size=7)",
+                              inputs="(torch.tensor([2, 0, 4, 1]),)", keep=["aten.repeat_interleave.Tensor"],
+                              op="aten::repeat_interleave.Tensor_out"),
+    "_cdist_forward": dict(forward="a, b: torch.cdist(a, b, p=1.5)", inputs="(torch.randn(2, 4, 3), torch.randn(2, 5, 3))"),
+    "_pdist_forward": dict(forward="x: F.pdist(x, p=3.0)", inputs="(torch.randn(5, 3),)",
+                           keep=["aten._pdist_forward.default"]),
+    "fill": dict(forward="x: torch.ops.aten.fill.Scalar(x, 2.5)", inputs="(torch.randn(2, 3),)",
+                 keep=["aten.fill.Scalar"], op="aten::fill.Scalar_out"),
+    "_upsample_bilinear2d_aa": dict(forward="x: F.interpolate(x, size=(3, 5), mode='bilinear', antialias=True)",
+                                    inputs="(torch.randn(1, 2, 7, 9),)"),
+    "_native_batch_norm_legit": dict(forward="x: F.batch_norm(x, None, None, training=True)",
+                                     inputs="(torch.randn(4, 3, 5),)", op="aten::_native_batch_norm_legit.no_stats_out"),
+    "rand": dict(forward="x: torch.rand(64, 64) + x", inputs="(torch.zeros(64, 64),)", check="uniform"),
+    "native_dropout": dict(forward="x: F.dropout(x, 0.5, training=True)", inputs="(torch.rand(64, 64) + 1,)",
+                           check="dropout"),
+}
+
+_ET_WORKER = r"""
+import json, sys, traceback
+from pathlib import Path
+import numpy as np, torch, torch.nn.functional as F
+from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+cases, folder = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+report = {}
+for name, case in cases.items():
+    try:
+        torch.manual_seed(0)
+        args, fn = eval(case["inputs"]), eval("lambda " + case["forward"])
+
+        class Case(torch.nn.Module):
+            def forward(self, *inputs):
+                return fn(*inputs)
+
+        config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=[eval("torch.ops." + k) for k in case["keep"]])
+        program = to_edge_transform_and_lower(torch.export.export(Case(), args), compile_config=config).to_executorch()
+        (folder / f"{name}.pte").write_bytes(program.buffer)
+        outputs = _load_for_executorch(str(folder / f"{name}.pte")).forward(args)
+        np.savez(folder / f"{name}.npz", **{f"in{i}": a.numpy() for i, a in enumerate(args)},
+                 **{f"out{i}": o.numpy() for i, o in enumerate(outputs)})
+        report[name] = [f"{o.name}.{o.overload}" for o in program.executorch_program.execution_plan[0].operators]
+    except Exception as e:
+        report[name] = "".join(traceback.format_exception_only(e)).strip()[-500:]
+(folder / "report.json").write_text(json.dumps(report, indent=1))
+"""
+
+
+def executorch_case(name: str) -> dict:
+    case = dict(keep=[], op=f"aten::{name}.out", check="same") | ET_CASES[name]
+    return case
+
+
+@pytest.fixture(scope="module")
+def executorch_programs() -> tuple[Path, dict]:
+    """Export and run every case in the reference venv once (about a minute); the results are
+    cached in ~/.cache/execupy-conformance under a hash of the cases, the worker and the venv."""
+    cases = json.dumps({name: executorch_case(name) for name in ET_CASES}, sort_keys=True)
+    python = reference_python()
+    key = hashlib.sha256(f"{cases}{_ET_WORKER}{python}".encode()).hexdigest()[:16]
+    folder = Path.home() / ".cache" / "execupy-conformance" / f"portable-more-{key}"
+    if not (folder / "report.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "cases.json").write_text(cases)
+        proc = subprocess.run([str(python), "-c", _ET_WORKER, str(folder / "cases.json"), str(folder)],
+                              capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise ReferenceError(f"ExecuTorch export worker exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return folder, json.loads((folder / "report.json").read_text())
+
+
+def check_random(kind: str, inputs: list[np.ndarray], got: np.ndarray) -> None:
+    if kind == "uniform":
+        assert got.min() >= 0 and got.max() < 1 and abs(got.mean() - 0.5) < 0.03  # 6.6 standard errors
+    else:  # dropout with p = 0.5: each value is dropped, or kept and doubled (ATen's 1 / (1 - p))
+        kept = got != 0
+        assert abs(kept.mean() - 0.5) < 0.05  # 6.4 standard errors
+        np.testing.assert_allclose(got[kept], 2 * inputs[0][kept], rtol=1e-6)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("name", ET_CASES)
+def test_programs_executorch_wrote_run_the_same_in_execupy(executorch_programs, name):
+    folder, report = executorch_programs
+    case = executorch_case(name)
+    assert isinstance(report[name], list), f"ExecuTorch could not export or run the case: {report[name]}"
+    assert case["op"] in report[name], f"the program does not call {case['op']}: {report[name]}"
+    data = np.load(folder / f"{name}.npz")
+    inputs = [data[f"in{i}"] for i in range(sum(k.startswith("in") for k in data.files))]
+    expected = [data[f"out{i}"] for i in range(sum(k.startswith("out") for k in data.files))]
+    got = Module(str(folder / f"{name}.pte")).forward(*inputs)
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    assert len(got) == len(expected)
+    for ours, theirs in zip(got, expected):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (ours.dtype, ours.shape, theirs.dtype,
+                                                                          theirs.shape)
+        if case["check"] != "same":
+            check_random(case["check"], inputs, ours)
+        elif ours.dtype.kind in "biu":
+            np.testing.assert_array_equal(ours, theirs)
+        else:
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

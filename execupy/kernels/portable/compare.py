@@ -133,12 +133,15 @@ def _shift(a: Any, b: Any, out: np.ndarray, left: bool, name: str) -> np.ndarray
     return write(out, result.astype(dtype, copy=False) != 0 if common == BOOL else result.astype(dtype, copy=False))
 
 
-@register_kernel("aten::bitwise_left_shift.Tensor_out", "aten::bitwise_left_shift.Tensor_Scalar_out")
+# `a << b` in Python exports as __lshift__, which ExecuTorch 1.5 has no kernel for; same op.
+@register_kernel("aten::bitwise_left_shift.Tensor_out", "aten::bitwise_left_shift.Tensor_Scalar_out",
+                 "aten::__lshift__.Tensor_out", "aten::__lshift__.Scalar_out")
 def bitwise_left_shift(a: np.ndarray, b: Any, out: np.ndarray) -> np.ndarray:
     return _shift(a, b, out, left=True, name="bitwise_left_shift")
 
 
-@register_kernel("aten::bitwise_right_shift.Tensor_out", "aten::bitwise_right_shift.Tensor_Scalar_out")
+@register_kernel("aten::bitwise_right_shift.Tensor_out", "aten::bitwise_right_shift.Tensor_Scalar_out",
+                 "aten::__rshift__.Tensor_out", "aten::__rshift__.Scalar_out")
 def bitwise_right_shift(a: np.ndarray, b: Any, out: np.ndarray) -> np.ndarray:
     return _shift(a, b, out, left=False, name="bitwise_right_shift")
 
