@@ -151,7 +151,8 @@ def bitwise_right_shift(a: np.ndarray, b: Any, out: np.ndarray) -> np.ndarray:
 
 def tensors_close(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_nan: bool) -> bool:
     """torch.allclose: |a - b| <= atol + rtol * |b| everywhere; equal values (infinities
-    too) are close, NaN is close to NaN only with equal_nan."""
+    too) are close, NaN is close to NaN only with equal_nan. (ExecuTorch 1.5's kernel
+    calls equal infinities far apart, ignores equal_nan and compares integers bytewise.)"""
     if a.dtype != b.dtype or a.shape != b.shape:
         raise ValueError(f"allclose: tensors differ in dtype or shape ({a.dtype}{a.shape} vs {b.dtype}{b.shape})")
     wide = np.dtype(np.float64)
