@@ -488,9 +488,9 @@ AA_CASES = [  # (input H, W), output size, scales: shrinking (where the filter w
 @pytest.mark.parametrize("size_in, size_out, scales", AA_CASES)
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_upsample_bilinear2d_aa_matches_torch(dtype, size_in, size_out, scales, align_corners):
-    """ExecuTorch: REALHBF16 — floats here (its integer path truncates after every tap, which
-    torch does not define, so integer inputs are refused). torch has no half antialiasing:
-    those expectations are float32's, rounded."""
+    """ExecuTorch: REALHBF16 — floats here; its integer path (truncating after every tap, which
+    torch does not do) is checked against ExecuTorch's runtime below. torch has no half
+    antialiasing: those expectations are float32's, rounded."""
     x = rand((2, 3) + size_in, dtype, seed=18)
 
     def resize(t):
@@ -670,6 +670,13 @@ ET_CASES = {
                  keep=["aten.fill.Scalar"], op="aten::fill.Scalar_out"),
     "_upsample_bilinear2d_aa": dict(forward="x: F.interpolate(x, size=(3, 5), mode='bilinear', antialias=True)",
                                     inputs="(torch.randn(1, 2, 7, 9),)"),
+    "_upsample_bilinear2d_aa_uint8": dict(forward="x: F.interpolate(x, size=(3, 5), mode='bilinear', antialias=True)",
+                                          inputs="(torch.randint(0, 256, (1, 2, 7, 9), dtype=torch.uint8),)",
+                                          op="aten::_upsample_bilinear2d_aa.out"),
+    "_upsample_bilinear2d_aa_int32": dict(forward="x: F.interpolate(x, size=(3, 11), mode='bilinear', antialias=True,"
+                                                  " align_corners=True)",
+                                          inputs="(torch.randint(-1000, 1000, (2, 1, 7, 5), dtype=torch.int32),)",
+                                          op="aten::_upsample_bilinear2d_aa.out"),
     "_native_batch_norm_legit": dict(forward="x: F.batch_norm(x, None, None, training=True)",
                                      inputs="(torch.randn(4, 3, 5),)", op="aten::_native_batch_norm_legit.no_stats_out"),
     "rand": dict(forward="x: torch.rand(64, 64) + x", inputs="(torch.zeros(64, 64),)", check="uniform"),

@@ -235,7 +235,36 @@ _interpolating_kernels("upsample_linear1d", 1, _linear_taps)
 _interpolating_kernels("upsample_bilinear2d", 2, _linear_taps)
 _interpolating_kernels("upsample_trilinear3d", 3, _linear_taps)
 _interpolating_kernels("upsample_bicubic2d", 2, _cubic_taps)
-_interpolating_kernels("_upsample_bilinear2d_aa", 2, _antialias_taps)
+
+
+def _antialias_integers(x: np.ndarray, size, align_corners: bool, scales, out: np.ndarray) -> np.ndarray:
+    """Integer images as ExecuTorch's kernel resizes them: every (row, column) tap is added
+    in float32 to the integer running value, which is truncated back after each addition."""
+    f32 = np.dtype(np.float32)
+    rows, row_w = _antialias_taps(x.shape[2], size[0], align_corners, scales[0], f32)
+    cols, col_w = _antialias_taps(x.shape[3], size[1], align_corners, scales[1], f32)
+    value = np.zeros(x.shape[:2] + tuple(size), np.int64)
+    for i in range(rows.shape[1]):
+        band = np.take(x, rows[:, i], axis=2).astype(f32) * row_w[:, i, None]
+        for j in range(cols.shape[1]):
+            value = np.trunc(value.astype(f32) + np.take(band, cols[:, j], axis=3) * col_w[:, j]).astype(np.int64)
+    return write(out, value)
+
+
+@register_kernel("aten::_upsample_bilinear2d_aa.out")
+def upsample_bilinear2d_aa(input: np.ndarray, output_size: Sequence[int], align_corners: bool,
+                           scales_h: Optional[float] = None, scales_w: Optional[float] = None,
+                           out: np.ndarray = None) -> np.ndarray:
+    """Anti-aliased bilinear resize: floats as ATen computes them, integers (which torch only
+    does for uint8, rounding) as ExecuTorch does."""
+    name = "_upsample_bilinear2d_aa"
+    size, scales = _output_size(input, 2, output_size, None), (scales_h, scales_w)
+    if input.dtype != out.dtype or input.dtype == np.bool_:
+        raise TypeError(f"{name}: needs a real input of out's dtype, got {input.dtype} and {out.dtype}")
+    if is_float(out.dtype):
+        return _interpolate(input, 2, size, align_corners, scales, _antialias_taps, out, name)
+    _check_input(input, 2, name)
+    return _antialias_integers(input, size, bool(align_corners), scales, out)
 
 
 # ----------------------------------------------------------------------------- grid_sampler_2d
