@@ -111,7 +111,7 @@ class EdgeProgramManager:
         constants, mutable = DataList(dedup=True), DataList(dedup=False)
         payloads: list[bytes] = []  # delegate payloads, one segment each
         plans, summary = [], {}
-        for name in sorted(self._programs):  # §3.2: methods sorted by name
+        for name in sorted(self._programs):  # docs/format.md §12: methods sorted by name
             ep = self._programs[name]
             if self.compile_config._check_ir_validity:
                 check_kernels(ep, name)

@@ -1,7 +1,7 @@
 """The ExecuTorch Program data model (schema `executorch_flatbuffer`, file id `ET12`).
 
 One dataclass per flatbuffer table, with the field names of the schema
-(see shared/design/pte-format.md §2). Unions are plain Python unions: an EValue is
+(see docs/format.md §10-§11). Unions are plain Python unions: an EValue is
 just one of the value classes below, an Instruction one of the instruction classes.
 Defaults equal the schema defaults, so an absent field reads as the default.
 """
