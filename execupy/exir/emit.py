@@ -132,23 +132,16 @@ class MethodEmitter:
         return self._tensor(tensor, planned=False, data_idx=self.constants.add(tensor_bytes(tensor)))
 
     def _scalar(self, v: Any) -> int:
-        if isinstance(v, bool):
-            return self._add(P.Bool(v))
-        if isinstance(v, int):
-            return self._add(P.Int(v))
-        if isinstance(v, float):
-            return self._add(P.Double(v))
-        if isinstance(v, str):
-            return self._add(P.String(v))
+        value = P.scalar_evalue(v)
         if isinstance(v, torch.dtype):
-            return self._add(P.Int(scalar_type(v)))
-        if isinstance(v, torch.layout):
-            return self._add(P.Int(0 if v == torch.strided else 1))
-        if isinstance(v, torch.memory_format):
-            return self._add(P.Int(MEMORY_FORMATS.get(v, 0)))
-        if v is None:
-            return self._add(P.Null())
-        raise ExportError(f"cannot encode argument {v!r} of type {type(v).__name__}")
+            value = P.Int(scalar_type(v))
+        elif isinstance(v, torch.layout):
+            value = P.Int(0 if v == torch.strided else 1)
+        elif isinstance(v, torch.memory_format):
+            value = P.Int(MEMORY_FORMATS.get(v, 0))
+        if value is None:
+            raise ExportError(f"cannot encode argument {v!r} of type {type(v).__name__}")
+        return self._add(value)
 
     def _placeholder_scalar(self, val: Any) -> int:
         """A value a symbolic op overwrites at run time (docs/format.md §13: Int 0 / Bool false / Double 0.0)."""
@@ -470,24 +463,7 @@ class MethodEmitter:
 def emit_constant_method(name: str, value: Any, constants: DataList) -> P.ExecutionPlan:
     """A constant method: a plan with no instructions returning its values (docs/format.md §21)."""
     leaves, spec = pytree.tree_flatten(value)
-    values: list[P.EValue] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            values.append(P.Tensor(
-                scalar_type=scalar_type(leaf.dtype), sizes=list(leaf.shape), dim_order=list(range(leaf.dim())),
-                data_buffer_idx=constants.add(tensor_bytes(leaf))))
-        elif isinstance(leaf, bool):
-            values.append(P.Bool(leaf))
-        elif isinstance(leaf, int):
-            values.append(P.Int(leaf))
-        elif isinstance(leaf, float):
-            values.append(P.Double(leaf))
-        elif isinstance(leaf, str):
-            values.append(P.String(leaf))
-        elif isinstance(leaf, torch.dtype):
-            values.append(P.Int(scalar_type(leaf)))
-        else:
-            raise ExportError(f"constant method {name!r}: cannot store a {type(leaf).__name__}")
+    values = [_constant_value(name, leaf, constants) for leaf in leaves]
     return P.ExecutionPlan(
         name=name,
         container_meta_type=P.ContainerMetadata("", treespec_json(spec)),
@@ -500,3 +476,15 @@ def emit_constant_method(name: str, value: Any, constants: DataList) -> P.Execut
         non_const_buffer_sizes=[0],
     )
 
+
+def _constant_value(method: str, leaf: Any, constants: DataList) -> P.EValue:
+    """One returned leaf of a constant method: a constant tensor, a dtype code or a Python scalar."""
+    if isinstance(leaf, torch.Tensor):
+        return P.Tensor(scalar_type=scalar_type(leaf.dtype), sizes=list(leaf.shape),
+                        dim_order=list(range(leaf.dim())), data_buffer_idx=constants.add(tensor_bytes(leaf)))
+    if isinstance(leaf, torch.dtype):
+        return P.Int(scalar_type(leaf))
+    value = None if leaf is None else P.scalar_evalue(leaf)
+    if value is None:
+        raise ExportError(f"constant method {method!r}: cannot store a {type(leaf).__name__}")
+    return value
