@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .errors import ExecupyError, InvalidInputError
+from .fileio import atomic_write
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -133,8 +134,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"execute: {args.repeat} run(s), mean {1e3 * float(np.mean(times)):.3f} ms, "
           f"min {1e3 * min(times):.3f} ms")
     if args.save:
-        np.savez(args.save, **{f"out{k}": np.asarray(o) for k, o in enumerate(outputs)})
-        print(f"outputs written to {args.save}")
+        arrays = {f"out{k}": np.asarray(o) for k, o in enumerate(outputs)}
+        path = args.save if args.save.endswith(".npz") else args.save + ".npz"  # as np.savez names it
+        atomic_write(path, lambda f: np.savez(f, **arrays))
+        print(f"outputs written to {path}")
     return 0
 
 

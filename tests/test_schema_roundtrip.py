@@ -71,7 +71,7 @@ def mutable_entries(pte: PteFile) -> list[bytes]:
 
 
 def repack_constants(data: bytes, alignment: int = 64) -> bytes:
-    """Rewrite with the constant segment re-packed at `alignment` (§1.5, §6.7)."""
+    """Rewrite with the constant segment re-packed at `alignment` (docs/format.md §6, §4)."""
     pte = read_pte(data)
     program, segments = pte.program, segments_of(pte)
     packed, offsets = pack_constants(constant_entries(pte), alignment)
@@ -108,7 +108,7 @@ def delegates(program: P.Program) -> list[P.BackendDelegate]:
 
 
 def inline_delegates(data: bytes) -> bytes:
-    """Rewrite with every delegate payload inline, as with extract_delegate_segments=False (§1.7)."""
+    """Rewrite with every delegate payload inline, as with extract_delegate_segments=False (docs/format.md §8)."""
     pte = read_pte(data)
     program, segments = pte.program, segments_of(pte)
     moved = set()
@@ -155,7 +155,7 @@ def test_rewritten_program_reads_back_equal(path):
 
 @pytest.mark.parametrize("path", PROGRAMS, ids=program_id)
 def test_rewrite_is_byte_identical_to_reference_writer(path):
-    # Not required by the format (§3.20), but our builder happens to emit fields and
+    # Not required by the format (docs/format.md §3), but our builder happens to emit fields and
     # padding in the reference order; a change here deserves a look.
     data = path.read_bytes()
     assert rewrite(data) == data
@@ -182,7 +182,7 @@ def test_pack_mutable_data_reproduces_the_mutable_segment():
 
 
 def test_pack_constants_pads_only_between_entries():
-    # The big_constant example of §1.5: 256x256 f32, 256 f32, 3 x i64, one i64.
+    # The big_constant sample, packed per docs/format.md §6: 256x256 f32, 256 f32, 3 x i64, one i64.
     blobs = [bytes(262144), bytes(1024), bytes(range(24)), bytes(range(8))]
     packed, offsets = pack_constants(blobs)
     assert offsets == [0, 0, 262144, 263168, 263200]
@@ -209,7 +209,7 @@ def test_segment_table_is_recomputed_from_the_data():
 
 
 def test_no_extended_header_without_segment_bytes():
-    # ops_args: segments=[{0, 0}] and no eh00 (§1.3 sharp edge).
+    # ops_args: segments=[{0, 0}] and no eh00 (docs/format.md §4).
     data = rewrite((SAMPLES / "ops_args.pte").read_bytes())
     assert data[4:8] == b"ET12" and data[8:12] != b"eh00"
     assert read_pte(data).program.segments == [P.DataSegment(0, 0)]

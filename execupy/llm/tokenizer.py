@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from execupy.errors import TokenizerError  # noqa: F401  (re-exported)
+from execupy.fileio import atomic_write
 
 
 # GGUF / SentencePiece token types (the same enum in both formats).
@@ -224,7 +225,7 @@ class HFTokenizer(Tokenizer):
         return len(self._pieces)
 
     def save(self, path: str | os.PathLike) -> None:
-        self._tok.save(str(path))
+        atomic_write(path, self._tok.to_str(pretty=True))  # what Tokenizer.save(path) writes
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         self._tok.encode_special_tokens = not allow_special  # specials as plain text when not allowed
@@ -386,7 +387,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.get_piece_size()
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_bytes(self._sp.serialized_model_proto())
+        atomic_write(path, self._sp.serialized_model_proto())
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         # sentencepiece never matches control pieces in text, so split them out first; each
@@ -569,7 +570,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def save(self, path: str | os.PathLike) -> None:
         lines = (f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(self._ranks.items(), key=lambda kv: kv[1]))
-        Path(path).write_text("".join(lines))
+        atomic_write(path, "".join(lines))
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         return self._enc.encode(text, allowed_special="all" if allow_special else set(), disallowed_special=())

@@ -91,7 +91,7 @@ class Method:
         self._slots = self._runtime_written_values()
         for i, v in enumerate(plan.values):
             self.values[i] = self._materialize(i, v)
-        instructions = plan.chains[0].instructions if plan.chains else []
+        instructions = plan.instructions
         if len(plan.chains) > 1:
             raise MalformedProgramError(f"method {self.name!r} has {len(plan.chains)} chains; only one is supported")
         self._has_jumps = any(isinstance(ins, P.JumpFalseCall) for ins in instructions)
@@ -143,8 +143,7 @@ class Method:
         """Values whose Python object may change during execute (read at call time)."""
         plan = self.plan
         slots: set[int] = set()
-        instructions = plan.chains[0].instructions if plan.chains else []
-        for ins in instructions:
+        for ins in plan.instructions:
             if isinstance(ins, P.KernelCall) and ins.args:
                 ret = ins.args[-1]
                 if 0 <= ret < len(plan.values) and not isinstance(plan.values[ret], (P.Tensor, P.TensorList)):
@@ -162,17 +161,9 @@ class Method:
     def _materialize(self, i: int, v: P.EValue) -> Any:
         if isinstance(v, P.Tensor):
             return self._tensor(i, v)
-        if isinstance(v, P.Int):
-            return v.int_val
-        if isinstance(v, P.Double):
-            return v.double_val
-        if isinstance(v, P.Bool):
-            return v.bool_val
-        if isinstance(v, P.String):
-            return v.string_val
-        if isinstance(v, P.Null):
-            return None
-        # Lists are resolved when instructions are bound (they point at other values).
+        if P.is_scalar(v):
+            return P.scalar_value(v)
+        # Null is None; lists are resolved when instructions are bound (they point at other values).
         return None
 
     def _tensor(self, i: int, t: P.Tensor) -> np.ndarray:
@@ -333,7 +324,7 @@ class Method:
         if isinstance(ins, P.JumpFalseCall):
             cond = self._check_index(ins.cond_value_index, "jump condition")
             dest = ins.destination_instruction
-            n = len(self.plan.chains[0].instructions)
+            n = len(self.plan.instructions)
             if not 0 <= dest <= n:
                 raise MalformedProgramError(f"method {self.name!r}: jump at {pc} to {dest}, outside 0..{n}")
             self._op_names.append("JumpFalseCall")
