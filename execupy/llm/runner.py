@@ -235,10 +235,6 @@ class LLMRunner:
                 f"the program's max_seq_len {self.meta.max_seq_len} (re-export with a larger --max-seq-len, "
                 "or shorten the prompt)")
 
-    def _decode_one_token(self, token: int, sampler: Sampler) -> int:
-        """Feed the last sampled token, sample the next one."""
-        return sampler.sample(self._forward([token]), self.history)
-
     # ------------------------------------------------------------------ generation
 
     def generate_tokens(
@@ -271,7 +267,7 @@ class LLMRunner:
         t0 = time.perf_counter()
         logits = self.prefill(prompt_tokens)
         stats.prefill_s = time.perf_counter() - t0
-        if max_new_tokens > 0:
+        if max_new_tokens > 0:  # (with 0, the prompt only fills the cache)
             token = sampler.sample(logits, self.history)  # the first new token comes from the prefill
             t_first = time.perf_counter()
             stats.time_to_first_token_s = t_first - t0
@@ -295,6 +291,10 @@ class LLMRunner:
                 return new, reason
             token = self._decode_one_token(token, sampler)
             new.append(token)
+
+    def _decode_one_token(self, token: int, sampler: Sampler) -> int:
+        """Feed the last sampled token, sample the next one."""
+        return sampler.sample(self._forward([token]), self.history)
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         """The prompt's token ids: as a user message in the chat template when ``chat``; else the
