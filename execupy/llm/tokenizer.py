@@ -143,8 +143,12 @@ class Tokenizer(ABC):
         )
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """Render and tokenize a conversation; BOS is added only if the template did not write it."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        """Render and tokenize a conversation (see ``encode_raw``)."""
+        return self.encode_raw(self.apply_chat_template(messages, add_generation_prompt))
+
+    def encode_raw(self, text: str) -> list[int]:
+        """Tokenize a prompt as written, special tokens in it included (as a rendered chat
+        template is); BOS is added only where the model expects one and the text lacks it."""
         bos_text = self.token_text(self.bos_id) if self.bos_id is not None else None
         has_bos = bool(bos_text) and text.startswith(bos_text)
         return self.encode(text, bos=self.add_bos and not has_bos, allow_special=True)
