@@ -108,9 +108,9 @@ def test_outputs_are_copies_not_views_of_planned_memory(case):
     assert not np.allclose(y, y_again)
 
 
-# (program, a method besides forward, its input shapes, its number of outputs)
-SEVERAL_METHODS = list(zip(with_sample("multi_method", "execupy-multi_method"),
-                           ["other", "encode"], [[(2,), (2,)], [(3, 6)]], [2, 1]))
+# Per program: a method besides forward, its input shapes, its number of outputs.
+OTHER_METHOD = {"multi_method": ("other", [(2,), (2,)], 2), "execupy-multi_method": ("encode", [(3, 6)], 1)}
+SEVERAL_METHODS = [(p, *OTHER_METHOD[p.name]) for p in with_sample("multi_method", "execupy-multi_method")]
 
 
 @pytest.mark.parametrize("program, method, shapes, outputs", SEVERAL_METHODS,
