@@ -46,11 +46,13 @@ OWN_CASES = {
     "execupy-int_tensors": "execupy",
     "execupy-bool_tensors": "execupy",
     "execupy-bfloat16_linear": "execupy",
+    "execupy-example_classifier": "execupy",
     "execupy-mixed_partition": "execupy_delegated",
     "execupy-unknown_backend": "execupy_missing_backend",
 }
 
-SOURCES = ["execupy/**/*.py", "tests/exir/corpus.py", "tests/exir/zoo.py", "tests/programs.py"]
+SOURCES = ["execupy/**/*.py", "tests/exir/corpus.py", "tests/exir/zoo.py", "tests/exir/test_backend.py",
+           "tests/programs.py", "scripts/make_example.py"]
 
 
 def fingerprint() -> str:

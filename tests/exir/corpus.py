@@ -16,6 +16,7 @@ dynamic_batch_seq, state_kv_cache...) so that the facts those tests check hold f
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
 import warnings
@@ -38,6 +39,9 @@ from execupy.schema import read_pte
 from execupy.schema.writer import write_pte
 
 from . import zoo
+from .test_backend import Mixed
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -260,15 +264,14 @@ def bfloat16_linear():
     return single(model, args, "bfloat16 weights and activations.", atol=5e-2, rtol=2e-2)
 
 
-class Mixed(nn.Module):
-    """linear -> relu (delegated), softmax (not), linear -> * 2 + x (delegated again)."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 6)
-
-    def forward(self, x):
-        return self.b(torch.softmax(torch.relu(self.a(x)), dim=-1)) * 2.0 + x
+def example_classifier():
+    """The model of the shipped example program (scripts/make_example.py)."""
+    path = REPO / "scripts" / "make_example.py"
+    spec = importlib.util.spec_from_file_location("make_example", path)
+    make_example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_example)
+    return single(make_example.TinyClassifier().eval(), (torch.randn(4, 16),),
+                  "The README's example: layer norm, two linear layers, softmax.", atol=1e-5, rtol=1e-4)
 
 
 def mixed_partition():
