@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import ml_dtypes
 import numpy as np
 import torch
 import torch.nn as nn
@@ -298,12 +297,12 @@ def export_model(model: Model) -> tuple[bytes, P.Program]:
     prog = edge.to_executorch()
     if model.rename_backend is None:
         return prog.buffer, prog.program
-    pte = read_pte(prog.buffer)
-    for plan in pte.program.execution_plan:
+    written = read_pte(prog.buffer)  # for its segments: constants and payloads as laid out
+    segments = [written.segment(i) for i in range(len(written.program.segments))]
+    for plan in prog.program.execution_plan:
         for d in plan.delegates:
             d.id = model.rename_backend
-    data = write_pte(pte.program, [pte.segment(i) for i in range(len(pte.program.segments))])
-    return data, pte.program
+    return write_pte(prog.program, segments), prog.program
 
 
 def eager_runs(model: Model) -> list[list[Any]]:
@@ -380,8 +379,8 @@ def write_case(folder: Path, name: str, flavour: str) -> None:
         "name": name, "flavour": flavour, "description": model.description,
         "producer": {"execupy": "tests/exir/corpus.py", "torch": torch.__version__},
         "method_names": list(model.methods) + list(model.constant_methods),
-        "operators": {name: [op_name(op) for op in plan.operators] for name, plan in plans.items()},
-        "delegates": {name: [d.id for d in plan.delegates] for name, plan in plans.items()},
+        "operators": {method: [op_name(op) for op in plan.operators] for method, plan in plans.items()},
+        "delegates": {method: [d.id for d in plan.delegates] for method, plan in plans.items()},
         "inputs": runs[0]["inputs"], "outputs": runs[0]["outputs"], "runs": runs,
         "tolerance": {"atol": model.atol, "rtol": model.rtol, "note": "against torch eager"},
         "dynamic_shapes": manifest_dynamic_shapes(model),
@@ -397,6 +396,9 @@ def write_corpus(folder: Path, cases: dict[str, str]) -> None:
     with warnings.catch_warnings():  # torch's run_decompositions deep-copies a deprecated LeafSpec
         warnings.simplefilter("ignore", FutureWarning)
         for name, flavour in cases.items():
-            write_case(folder, name, flavour)
+            try:
+                write_case(folder, name, flavour)
+            except Exception as e:  # every test of our programs fails on this; say which one broke
+                raise RuntimeError(f"writing the test program {name} failed: {type(e).__name__}: {e}") from e
     index = [{"name": name, "flavour": flavour} for name, flavour in cases.items()]
     (folder / "index.json").write_text(json.dumps({"cases": index}, indent=1))
