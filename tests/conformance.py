@@ -66,8 +66,13 @@ def cases(*flavours: str) -> list[Case]:
 
 
 def case(name: str) -> Case:
-    (found,) = [c for c in cases() if c.name == name]
+    (found,) = named(name)
     return found
+
+
+def named(*names: str) -> list[Case]:
+    """The cases of these names that are here (ExecuTorch's only where ../shared is)."""
+    return [c for c in cases() if c.name in names]
 
 
 def topic(name: str) -> list[Case]:
@@ -89,6 +94,11 @@ class Sample:
 
 def samples() -> list[Sample]:
     return [Sample(path.stem) for path in sorted(SAMPLES.glob("*.pte"))]
+
+
+def program_name(program: Case | Sample) -> str:
+    """The pytest id of a parameter that is a case or a sample."""
+    return program.name
 
 
 def with_sample(sample: str, own: str) -> list:

@@ -16,19 +16,11 @@ import pytest
 from execupy.cli import main
 from execupy.devtools.summary import format_summary, summarize
 
-from .conformance import cases, expected_outputs, load_inputs, mismatch, topic
+from .conformance import expected_outputs, load_inputs, mismatch, named, program_name, topic
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI = topic("multi_method")
 LLAMA = topic("llama_block")
-
-
-def named(*names: str) -> list:
-    return [c for c in cases() if c.name in names]
-
-
-def ids(c) -> str:
-    return c.name
 
 
 def inspect_json(path, capsys) -> tuple[int, dict]:
@@ -38,7 +30,7 @@ def inspect_json(path, capsys) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("c", named("portable-multi_method", "xnnpack-mixed_partition", "portable-dynamic_batch_seq",
                                      "execupy-multi_method", "execupy-mixed_partition", "execupy-dynamic_batch_seq"),
-                         ids=ids)
+                         ids=program_name)
 def test_inspect_json_agrees_with_the_manifest(c, capsys):
     rc, info = inspect_json(c.pte, capsys)
     assert rc == 0 and info["problems"] == []
@@ -60,7 +52,7 @@ def test_inspect_json_agrees_with_the_manifest(c, capsys):
     assert [i["dynamic"] for i in main_method["inputs"]] == [i["name"] in dynamic for i in tensor_inputs]
 
 
-@pytest.mark.parametrize("c", LLAMA, ids=ids)
+@pytest.mark.parametrize("c", LLAMA, ids=program_name)
 def test_operator_counts_add_up_to_kernel_calls(c, capsys):
     rc, info = inspect_json(c.pte, capsys)
     (m,) = info["methods"]
@@ -87,7 +79,7 @@ def test_delegates_report_payload_sizes_and_named_data(c, has_named_data, capsys
     assert info["header"]["extended_header"]["segment_base_offset"] % 128 == 0
 
 
-@pytest.mark.parametrize("c", MULTI, ids=ids)
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
 def test_text_summary_names_methods_operators_and_memory(c, capsys):
     rc = main(["inspect", str(c.pte)])
     text = capsys.readouterr().out
@@ -106,7 +98,7 @@ def test_text_summary_names_methods_operators_and_memory(c, capsys):
     ],
     ids=["truncated", "empty", "zip file", "bad header"],
 )
-@pytest.mark.parametrize("c", named("portable-lstm", "execupy-llama_block"), ids=ids)
+@pytest.mark.parametrize("c", named("portable-lstm", "execupy-llama_block"), ids=program_name)
 def test_inspect_reports_problems_of_broken_files(c, damage, message, tmp_path, capsys):
     path = tmp_path / "broken.pte"
     path.write_bytes(damage(c.pte.read_bytes()))
@@ -129,7 +121,7 @@ def test_inspect_missing_file(capsys):
     assert "No such file" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("c", MULTI, ids=ids)
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
 def test_inspect_load_flag_loads_every_method(c, capsys):
     rc, info = inspect_json(c.pte, capsys)
     assert all("loads" not in m for m in info["methods"])
@@ -141,7 +133,7 @@ def test_inspect_load_flag_loads_every_method(c, capsys):
 # ---------------------------------------------------------------------------- run
 
 
-@pytest.mark.parametrize("c", LLAMA, ids=ids)
+@pytest.mark.parametrize("c", LLAMA, ids=program_name)
 def test_run_with_case_inputs_saves_the_reference_outputs(c, tmp_path, capsys):
     run = c.manifest["runs"][0]
     inputs = load_inputs(c, run)
@@ -156,7 +148,7 @@ def test_run_with_case_inputs_saves_the_reference_outputs(c, tmp_path, capsys):
         assert mismatch(saved[f"out{k}"], expected, c.manifest["tolerance"]["atol"], c.manifest["tolerance"]["rtol"]) is None
 
 
-@pytest.mark.parametrize("c", MULTI, ids=ids)
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
 def test_run_random_inputs_on_a_named_method(c, capsys):
     rc = main(["run", str(c.pte), "--method", "encode", "--random-inputs"])
     out = capsys.readouterr().out
@@ -171,14 +163,14 @@ def test_run_random_inputs_on_a_named_method(c, capsys):
         (["--random-inputs", "--repeat", "0"], "--repeat must be at least 1"),
     ],
 )
-@pytest.mark.parametrize("c", MULTI, ids=ids)
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
 def test_run_errors_are_one_line(c, argv, message, capsys):
     rc = main(["run", str(c.pte), *argv])
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("error: ") and message in err
 
 
-@pytest.mark.parametrize("c", named("xnnpack-linear", "execupy-unknown_backend"), ids=ids)
+@pytest.mark.parametrize("c", named("xnnpack-linear", "execupy-unknown_backend"), ids=program_name)
 def test_run_on_a_delegated_program_names_the_missing_backend(c, capsys):
     from execupy.runtime import get_backend
 

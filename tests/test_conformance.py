@@ -9,13 +9,13 @@ import pytest
 from execupy.errors import MissingBackendError
 from execupy.runtime import Module, get_backend
 
-from .conformance import CORPUS, cases, expected_outputs, flatten, load_inputs, mismatch
+from .conformance import CORPUS, cases, expected_outputs, flatten, load_inputs, mismatch, program_name
 
 PORTABLE = cases("portable", "quant_portable", "execupy", "execupy_delegated")
 DELEGATED = cases("xnnpack", "quant_xnnpack", "execupy_missing_backend")
 
 
-@pytest.mark.parametrize("case", PORTABLE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", PORTABLE, ids=program_name)
 def test_portable_case_matches_reference(case):
     tol = case.manifest["tolerance"]
     modules = {}
@@ -31,7 +31,7 @@ def test_portable_case_matches_reference(case):
 
 
 @pytest.mark.skipif(get_backend("XnnpackBackend") is not None, reason="XNNPACK backend is registered")
-@pytest.mark.parametrize("case", DELEGATED, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", DELEGATED, ids=program_name)
 def test_delegated_case_names_missing_backend(case):
     with pytest.raises(MissingBackendError, match="XnnpackBackend"):
         module = Module(case.pte)

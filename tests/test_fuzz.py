@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 
 from . import programs
-from .conformance import cases, load_inputs, samples
+from .conformance import cases, load_inputs, named, program_name, samples
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = int(os.environ.get("EXECUPY_FUZZ_VARIANTS", "3000"))
@@ -422,8 +422,7 @@ def test_inspect_reports_on_damaged_programs(fuzz_result):
     assert seen.get("cli rc=1", 0) > 0, seen
 
 
-@pytest.mark.parametrize("case", [c for c in cases() if c.name in ("portable-lstm", "execupy-llama_block")],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize("case", named("portable-lstm", "execupy-llama_block"), ids=program_name)
 def test_inspect_cli_process_on_truncated_file_has_no_traceback(case, tmp_path):
     path = tmp_path / "cut.pte"
     path.write_bytes(case.pte.read_bytes()[:3000])

@@ -16,18 +16,14 @@ from execupy.errors import (
 from execupy.runtime import Module, Program
 from execupy.schema import read_pte
 
-from .conformance import flatten, topic, with_sample
+from .conformance import flatten, program_name, topic, with_sample
 
 DYNAMIC = topic("dynamic_batch_seq")
 NESTED = topic("nested_outputs")
 MULTI = topic("multi_method")
 
 
-def ids(c) -> str:
-    return c.name
-
-
-@pytest.mark.parametrize("case", DYNAMIC, ids=ids)
+@pytest.mark.parametrize("case", DYNAMIC, ids=program_name)
 def test_method_meta_describes_dynamic_inputs(case):
     program = Program.load(case.pte)
     assert program.method_names == ["forward"]
@@ -38,7 +34,7 @@ def test_method_meta_describes_dynamic_inputs(case):
     assert "aten::addmm.out" in meta.operators
 
 
-@pytest.mark.parametrize("case", DYNAMIC, ids=ids)
+@pytest.mark.parametrize("case", DYNAMIC, ids=program_name)
 def test_dynamic_shapes_resize_within_bounds(case):
     m = Module(case.pte)
     rng = np.random.default_rng(0)
@@ -55,28 +51,28 @@ def test_dynamic_shapes_resize_within_bounds(case):
         (np.zeros((9, 5, 16), np.float32), "upper bound"),
     ],
 )
-@pytest.mark.parametrize("case", DYNAMIC, ids=ids)
+@pytest.mark.parametrize("case", DYNAMIC, ids=program_name)
 def test_bad_inputs_name_the_argument(case, bad, message):
     method = Program.load(case.pte).load_method("forward")
     with pytest.raises(InvalidInputError, match=message):
         method.execute([bad])
 
 
-@pytest.mark.parametrize("case", DYNAMIC, ids=ids)
+@pytest.mark.parametrize("case", DYNAMIC, ids=program_name)
 def test_wrong_input_count(case):
     method = Program.load(case.pte).load_method("forward")
     with pytest.raises(InvalidInputError, match="takes 1 inputs, got 2"):
         method.execute([np.zeros((2, 5, 16), np.float32)] * 2)
 
 
-@pytest.mark.parametrize("case", NESTED, ids=ids)
+@pytest.mark.parametrize("case", NESTED, ids=program_name)
 def test_static_shape_mismatch_is_rejected(case):
     m = Module(case.pte)
     with pytest.raises(InvalidInputError, match=r"expects \(2, 3\)"):
         m.forward(np.zeros((3, 2), np.float32), np.zeros((2, 3), np.float32))
 
 
-@pytest.mark.parametrize("case", NESTED, ids=ids)
+@pytest.mark.parametrize("case", NESTED, ids=program_name)
 def test_nested_outputs_keep_their_structure(case):
     m = Module(case.pte)
     a, b = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)
@@ -86,7 +82,7 @@ def test_nested_outputs_keep_their_structure(case):
     assert len(out["pair"]) == 2 and len(out["items"]) == 2
 
 
-@pytest.mark.parametrize("case", topic("state_kv_cache"), ids=ids)
+@pytest.mark.parametrize("case", topic("state_kv_cache"), ids=program_name)
 def test_state_persists_across_calls_and_resets_on_reload(case):
     path = case.pte
     x = np.random.default_rng(1).standard_normal((1, 3, 8), dtype=np.float32)
@@ -98,7 +94,7 @@ def test_state_persists_across_calls_and_resets_on_reload(case):
     np.testing.assert_allclose(Module(path).forward(x, np.array([0, 1, 2])), y1)
 
 
-@pytest.mark.parametrize("case", MULTI, ids=ids)
+@pytest.mark.parametrize("case", MULTI, ids=program_name)
 def test_outputs_are_copies_not_views_of_planned_memory(case):
     m = Module(case.pte)
     x = np.ones((3, 6), np.float32)
@@ -122,7 +118,7 @@ def test_several_methods_and_constant_methods(program, method, shapes, outputs):
     assert len(flatten(m.run_method(method, *[np.ones(s, np.float32) for s in shapes]))) == outputs
 
 
-@pytest.mark.parametrize("program", with_sample("scalar_inputs", "execupy-scalar_inputs"), ids=ids)
+@pytest.mark.parametrize("program", with_sample("scalar_inputs", "execupy-scalar_inputs"), ids=program_name)
 def test_non_tensor_inputs_are_fixed_at_export(program):
     m = Module(str(program.pte))
     x = np.ones(2, np.float32)
@@ -131,7 +127,7 @@ def test_non_tensor_inputs_are_fixed_at_export(program):
         m.forward(x, 4, 0.5, True)
 
 
-@pytest.mark.parametrize("case", MULTI, ids=ids)
+@pytest.mark.parametrize("case", MULTI, ids=program_name)
 def test_unknown_operator_names_op_and_instruction(case):
     pte = read_pte(case.pte.read_bytes())
     pte.program.execution_plan[0].operators[0].name = "custom::frobnicate"
@@ -139,7 +135,7 @@ def test_unknown_operator_names_op_and_instruction(case):
         Program(pte).load_method(pte.program.execution_plan[0].name)
 
 
-@pytest.mark.parametrize("case", MULTI, ids=ids)
+@pytest.mark.parametrize("case", MULTI, ids=program_name)
 def test_out_of_range_value_index_is_malformed(case):
     pte = read_pte(case.pte.read_bytes())
     plan = pte.program.execution_plan[0]
@@ -148,7 +144,7 @@ def test_out_of_range_value_index_is_malformed(case):
         Program(pte).load_method(plan.name)
 
 
-@pytest.mark.parametrize("case", MULTI, ids=ids)
+@pytest.mark.parametrize("case", MULTI, ids=program_name)
 def test_missing_method_and_not_a_program(case):
     with pytest.raises(MethodNotFoundError, match="no method 'nope'"):
         Program.load(case.pte).load_method("nope")

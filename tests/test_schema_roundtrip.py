@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -23,15 +22,12 @@ from execupy.schema import read_pte
 from execupy.schema.reader import PteFile
 from execupy.schema.writer import layout_segments, pack_constants, pack_mutable_data, write_pte
 
-from .conformance import SAMPLES, Case, cases, expected_outputs, flatten, load_inputs, mismatch, samples, with_sample
+from .conformance import (SAMPLES, Case, cases, expected_outputs, flatten, load_inputs, mismatch, program_name,
+                          samples, with_sample)
 from .reference import run_reference
 
 PROGRAMS = samples() + cases()  # each has .name and .pte
 RUNNABLE = cases("portable", "quant_portable", "execupy", "execupy_delegated")
-
-
-def program_id(program) -> str:
-    return program.name
 
 
 def segments_of(pte: PteFile) -> list[memoryview]:
@@ -146,7 +142,7 @@ def delegate_payloads(data: bytes) -> list[bytes]:
 # ---------------------------------------------------------------------------- format round trip
 
 
-@pytest.mark.parametrize("program", PROGRAMS, ids=program_id)
+@pytest.mark.parametrize("program", PROGRAMS, ids=program_name)
 def test_rewritten_program_reads_back_equal(program):
     data = program.pte.read_bytes()
     original = read_pte(data)
@@ -155,7 +151,7 @@ def test_rewritten_program_reads_back_equal(program):
     assert [bytes(s) for s in segments_of(again)] == [bytes(s) for s in segments_of(original)]
 
 
-@pytest.mark.parametrize("program", PROGRAMS, ids=program_id)
+@pytest.mark.parametrize("program", PROGRAMS, ids=program_name)
 def test_rewrite_is_byte_identical_to_the_original(program):
     # Not required by the format (§3.20), but our builder happens to emit fields and
     # padding in the reference order; a change here deserves a look. On our own
@@ -164,7 +160,7 @@ def test_rewrite_is_byte_identical_to_the_original(program):
     assert rewrite(data) == data
 
 
-@pytest.mark.parametrize("program", PROGRAMS, ids=program_id)
+@pytest.mark.parametrize("program", PROGRAMS, ids=program_name)
 def test_pack_constants_reproduces_the_constant_segment(program):
     pte = read_pte(program.pte.read_bytes())
     seg = pte.program.constant_segment
@@ -178,7 +174,7 @@ def test_pack_mutable_data_reproduces_the_mutable_segment():
     expected = {"execupy-state_counter_initialized", "execupy-state_kv_cache"}
     if SAMPLES.exists():
         expected |= {"mutable_init", "portable-state_counter_initialized"}
-    assert expected <= {program_id(p) for p in with_state}
+    assert expected <= {p.name for p in with_state}
     for program in with_state:
         pte = read_pte(program.pte.read_bytes())
         (seg,) = pte.program.mutable_data_segments
@@ -207,7 +203,7 @@ def test_segments_are_placed_at_aligned_offsets():
 DELEGATED = with_sample("xnnpack", "execupy-mixed_partition")
 
 
-@pytest.mark.parametrize("program", DELEGATED, ids=program_id)
+@pytest.mark.parametrize("program", DELEGATED, ids=program_name)
 def test_segment_table_is_recomputed_from_the_data(program):
     pte = read_pte(program.pte.read_bytes())
     program, segments = pte.program, segments_of(pte)
@@ -218,7 +214,7 @@ def test_segment_table_is_recomputed_from_the_data(program):
     assert program.segments == [P.DataSegment(offset=999, size=1)], "the input program is left alone"
 
 
-@pytest.mark.parametrize("program", with_sample("ops_args", "execupy-nested_outputs"), ids=program_id)
+@pytest.mark.parametrize("program", with_sample("ops_args", "execupy-nested_outputs"), ids=program_name)
 def test_no_extended_header_without_segment_bytes(program):
     # No constants: segments=[{0, 0}] and no eh00 (§1.3 sharp edge).
     data = rewrite(program.pte.read_bytes())
@@ -226,7 +222,7 @@ def test_no_extended_header_without_segment_bytes(program):
     assert read_pte(data).program.segments == [P.DataSegment(0, 0)]
 
 
-@pytest.mark.parametrize("program", with_sample("linear_relu", "execupy-linear_relu"), ids=program_id)
+@pytest.mark.parametrize("program", with_sample("linear_relu", "execupy-linear_relu"), ids=program_name)
 def test_64_byte_alignment_pads_header_and_constants(program):
     original = program.pte.read_bytes()
     data = repack_constants(original, 64)
@@ -238,7 +234,7 @@ def test_64_byte_alignment_pads_header_and_constants(program):
     assert constant_entries(pte) == constant_entries(read_pte(original))
 
 
-@pytest.mark.parametrize("program", with_sample("big_constant", "execupy-big_constant"), ids=program_id)
+@pytest.mark.parametrize("program", with_sample("big_constant", "execupy-big_constant"), ids=program_name)
 def test_inline_constant_buffers_are_force_aligned(program):
     data = inline_constants(program.pte.read_bytes())
     pte = read_pte(data)
@@ -248,7 +244,7 @@ def test_inline_constant_buffers_are_force_aligned(program):
     assert all((np.frombuffer(b, np.uint8).ctypes.data - base) % 16 == 0 for b in buffers if len(b))
 
 
-@pytest.mark.parametrize("program", DELEGATED, ids=program_id)
+@pytest.mark.parametrize("program", DELEGATED, ids=program_name)
 def test_delegate_payloads_survive_moving_inline_and_back(program):
     original = program.pte.read_bytes()
     inlined = inline_delegates(original)
@@ -297,7 +293,7 @@ REWRITES: dict[str, Callable[[bytes], bytes]] = {
 
 
 @pytest.mark.parametrize("how", REWRITES)
-@pytest.mark.parametrize("case", RUNNABLE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", RUNNABLE, ids=program_name)
 def test_rewritten_program_runs_like_the_original(case, how):
     original = case.pte.read_bytes()
     try:

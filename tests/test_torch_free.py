@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 
 from . import programs
-from .conformance import cases
+from .conformance import named
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Folder and module names that mark the torch side of the package.
 TORCH_SIDE = ("exir", "export", "aot", "quantization")
 
-CASES = [c.name for c in cases() if c.name in {
+CASES = [c.name for c in named(
     "portable-add_sub_mul_div_broadcast", "portable-nested_outputs", "portable-llama_block",
-    "execupy-add_sub_mul_div_broadcast", "execupy-nested_outputs", "execupy-llama_block", "execupy-mixed_partition"}]
+    "execupy-add_sub_mul_div_broadcast", "execupy-nested_outputs", "execupy-llama_block", "execupy-mixed_partition")]
 
 CHILD = r'''
 import importlib, importlib.abc, json, pathlib, sys, traceback
