@@ -1,5 +1,5 @@
 """Skip `@pytest.mark.reference` tests when ExecuTorch's reference runtime is unavailable
-(EXECUPY_SKIP_REFERENCE=1, or ../shared/tools/reference_run.py is missing), saying why.
+(EXECUPY_SKIP_REFERENCE=1), saying why; the reference venv itself is built on first use.
 
 Tests that read programs run on our own exporter's programs everywhere (tests/programs.py)
 and on ExecuTorch's corpus in ../shared as well where it exists.
