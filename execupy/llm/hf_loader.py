@@ -80,7 +80,7 @@ def _safetensors_tensor(buf: Any, data_start: int, name: str, info: Any) -> np.n
     if not isinstance(info, dict):
         raise CheckpointError(f"tensor {name!r}: header entry is not an object")
     dtype_name, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype_name not in _DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
         raise CheckpointError(f"tensor {name!r}: dtype {dtype_name!r} is not one of {sorted(_DTYPES)}")
     if not _int_list(shape) or not _int_list(offsets) or len(offsets) != 2:
         raise CheckpointError(f"tensor {name!r}: shape {shape!r:.60} and data_offsets {offsets!r:.60} "
