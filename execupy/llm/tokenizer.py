@@ -304,12 +304,20 @@ def check_tokenizer_json(spec: dict[str, Any]) -> None:
     else:
         raise TokenizerError(f"tokenizer model type {kind!r:.60} is not one of BPE, WordPiece, WordLevel, Unigram")
     added = spec.get("added_tokens") or []
-    if not isinstance(added, list) or not all(
-            isinstance(t, dict) and _is_id(t.get("id")) and isinstance(t.get("content"), str) for t in added):
-        raise TokenizerError("added_tokens must be a list of objects with an integer id and a string content")
+    if not isinstance(added, list) or not all(_is_added_token(t) for t in added):
+        raise TokenizerError(f"added_tokens must be a list of objects with an integer id, a string content "
+                             f"and true/false {', '.join(_ADDED_TOKEN_FLAGS)}")
     all_ids = list(ids) + [t["id"] for t in added]
     if all_ids and max(all_ids) >= len(all_ids) + _ID_SLACK:
         raise TokenizerError(f"token id {max(all_ids)} is far beyond the {len(all_ids)} tokens defined")
+
+
+_ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def _is_added_token(t: Any) -> bool:
+    return (isinstance(t, dict) and _is_id(t.get("id")) and isinstance(t.get("content"), str)
+            and all(isinstance(t.get(flag), bool) for flag in _ADDED_TOKEN_FLAGS))
 
 
 def _is_number(value: Any) -> bool:
@@ -317,9 +325,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _check_merges(merges: Any, vocab: dict[str, int]) -> None:
-    """Each merge is "a b" or [a, b], with a, b and a+b all in the vocabulary."""
+    """Each merge is "a b" or [a, b] (one form throughout), with a, b and a+b all in the vocabulary."""
     if not isinstance(merges, list):
         raise TokenizerError("BPE merges must be a list")
+    if len({isinstance(m, str) for m in merges}) > 1:
+        raise TokenizerError("BPE merges mix the \"a b\" and [a, b] forms")
     for i, m in enumerate(merges):
         pair = m.split(" ") if isinstance(m, str) else m
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
@@ -618,6 +628,83 @@ def sentencepiece_model_proto(
     return bytes(body)
 
 
+def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise TokenizerError(f"protobuf varint at byte {pos} is cut off or longer than 10 bytes")
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _protobuf_fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of a protobuf message in data[start:end]; the value of
+    a length-delimited field is its (start, end) span. Every length is checked against end."""
+    pos = start
+    while pos < end:
+        key, pos = _read_varint(data, pos, end)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos, end)
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            if pos + size > end:
+                raise TokenizerError(f"protobuf field {field} at byte {pos} runs past its message")
+            value, pos = data[pos : pos + size], pos + size
+        elif wire == 2:
+            n, pos = _read_varint(data, pos, end)
+            if n > end - pos:
+                raise TokenizerError(f"protobuf field {field} at byte {pos} says {n} bytes, {end - pos} are left")
+            value, pos = (pos, pos + n), pos + n
+        else:
+            raise TokenizerError(f"protobuf field {field} before byte {pos} has wire type {wire}, "
+                                 "which a SentencePiece model does not use")
+        yield field, wire, value
+
+
+# SentencePiece ModelProto: 1 pieces {1 piece, 2 score, 3 type}; 2 trainer_spec, 3 normalizer_spec,
+# 4 self_test_data, 5 denormalizer_spec (messages whose wire format is checked, not their contents).
+_SP_MESSAGES = (2, 3, 4, 5)
+
+
+def check_sentencepiece_model(data: bytes) -> None:
+    """The structure of a SentencePiece .model: well-formed protobuf, pieces that are
+    non-empty distinct UTF-8 strings. What is left (the specs' values) SentencePiece checks."""
+    seen: set[str] = set()
+    for field, wire, value in _protobuf_fields(data, 0, len(data)):
+        if field == 0:
+            raise TokenizerError("SentencePiece model has a protobuf field numbered 0")
+        if (field == 1 or field in _SP_MESSAGES) and wire != 2:
+            raise TokenizerError(f"SentencePiece model field {field} has wire type {wire}, expected a message")
+        if field == 1:
+            piece = _sp_piece(data, *value, index=len(seen))
+            if piece in seen:
+                raise TokenizerError(f"SentencePiece piece {len(seen)} ({piece!r:.60}) appears twice")
+            seen.add(piece)
+        elif field in _SP_MESSAGES:
+            for _ in _protobuf_fields(data, *value):
+                pass
+        # other fields are unknown to this version and skipped, as protobuf does
+    if not seen:
+        raise TokenizerError("SentencePiece model has no pieces")
+
+
+def _sp_piece(data: bytes, start: int, end: int, index: int) -> str:
+    piece = None
+    for field, wire, value in _protobuf_fields(data, start, end):
+        if field == 1 and wire == 2:
+            try:
+                piece = data[value[0] : value[1]].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TokenizerError(f"SentencePiece piece {index} is not UTF-8 (byte {value[0] + e.start})") from e
+    if not piece or "\0" in piece:
+        raise TokenizerError(f"SentencePiece piece {index} is {piece!r:.60}; pieces are non-empty, without NUL")
+    return piece
+
+
 def _sp_tokenizer(proto: bytes, eos_ids: Sequence[int] = (), add_bos: bool = True,
                   chat_template: str | None = None) -> SentencePieceTokenizer:
     """A SentencePiece model from its serialized proto (what a .model file holds)."""
@@ -645,7 +732,9 @@ def gguf_spm_tokenizer(meta: dict[str, Any]) -> SentencePieceTokenizer:
 
 
 def load_sentencepiece(path: str | os.PathLike) -> SentencePieceTokenizer:
-    return _sp_tokenizer(Path(path).read_bytes())
+    data = Path(path).read_bytes()
+    check_sentencepiece_model(data)
+    return _sp_tokenizer(data)
 
 
 def read_llama2c_tokenizer(path: str | os.PathLike) -> list[tuple[str, float]]:

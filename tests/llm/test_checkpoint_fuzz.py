@@ -14,7 +14,8 @@ hang, and every typed error names the file.
     EXECUPY_FUZZ_VARIANTS=5000 EXECUPY_FUZZ_SEED=7 pytest tests/llm/test_checkpoint_fuzz.py -s
 
 Also EXECUPY_FUZZ_JOBS (worker processes, default 2) and EXECUPY_FUZZ_ONLY=<index> to replay
-one variant. The worker is this file run as a script.
+one variant, EXECUPY_FUZZ_REPORT=<file> to keep every variant's outcome (JSON lines). The
+worker is this file run as a script.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ SEED = int(os.environ.get("EXECUPY_FUZZ_SEED", "0"))
 JOBS = int(os.environ.get("EXECUPY_FUZZ_JOBS", "2"))
 TIMEOUT_S = float(os.environ.get("EXECUPY_FUZZ_TIMEOUT", "30"))
 ONLY = os.environ.get("EXECUPY_FUZZ_ONLY")
+REPORT = os.environ.get("EXECUPY_FUZZ_REPORT")  # a file to write every variant's result to (JSON lines)
 WORKER_MEMORY = 6 << 30  # address space per worker: a gigantic allocation fails instead of swapping
 SMOLLM2_HEAD = 2 << 20  # bytes of SmolLM2's GGUF kept: header, vocabulary, merges and tensor infos
 SAMPLE_TEXT = "Hello, world! 123 café ☃ <|im_start|>user<|im_end|> <s>"
@@ -588,6 +590,8 @@ def test_hostile_files_end_in_typed_errors(bases, tmp_path):
     print(f"\nfuzz: {len(results)} variants, seed {SEED}, {elapsed:.1f} s, {dict(outcomes)}", file=sys.stderr)
     for (base, outcome), n in sorted(by_base.items()):
         print(f"  {base:20s} {outcome:8s} {n}", file=sys.stderr)
+    if REPORT:
+        Path(REPORT).write_text("".join(json.dumps(r) + "\n" for r in results))
     assert len(results) == len(indices)
     bad = [r for r in results if r["outcome"] not in ("ok", "typed")]
     report = "\n".join(f"EXECUPY_FUZZ_SEED={SEED} EXECUPY_FUZZ_ONLY={r['i']}: {r['outcome']} {r.get('base')} "
