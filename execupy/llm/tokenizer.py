@@ -220,7 +220,9 @@ class HFTokenizer(Tokenizer):
         added = tok.get_added_tokens_decoder()
         self.special_tokens = {t.content: i for i, t in added.items() if t.special}
         self._added = {i: t.content for i, t in added.items()}
-        self._pieces = [tok.id_to_token(i) for i in range(tok.get_vocab_size(with_added_tokens=True))]
+        # As long as the largest id: ids may leave gaps, which get_vocab_size does not count.
+        n = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self._pieces = [tok.id_to_token(i) for i in range(n)]
 
     @property
     def vocab_size(self) -> int:
@@ -299,6 +301,8 @@ def check_tokenizer_json(spec: dict[str, Any]) -> None:
         if bad is not None:
             raise TokenizerError(f"vocab entry {bad!r:.60} has id {vocab[bad]!r:.60}, expected an integer in [0, 2**32)")
         ids = vocab.values()
+        if len(set(ids)) != len(vocab):
+            raise TokenizerError(f"{kind} vocab gives the same id to two pieces")
         if kind == "BPE":
             _check_merges(model.get("merges", []), vocab)
     else:

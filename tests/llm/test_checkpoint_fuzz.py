@@ -314,7 +314,8 @@ def tokenizer_json_edit(rng: random.Random, spec: Any) -> tuple[Any, str]:
     kind = rng.choice(["vocab id", "merge", "added id", "added content", "model type", "drop piece"])
     if kind == "vocab id":
         piece = rng.choice(list(vocab))
-        vocab[piece] = rng.choice([None, -1, 1 << 32, 1 << 64, "7", 2.5, len(vocab) + 10 ** 6, True])
+        vocab[piece] = rng.choice([None, -1, 1 << 32, 1 << 64, "7", 2.5, len(vocab) + 10 ** 6, True,
+                                   len(vocab) + 5, vocab[rng.choice(list(vocab))]])  # a gap, a duplicate
         return spec, f"vocab[{piece!r}] = {vocab[piece]!r}"
     if kind == "merge":
         i = rng.randrange(len(merges))
