@@ -96,7 +96,7 @@ def test_gguf_merge_of_unknown_tokens_and_out_of_range_ids(tmp_path):
     (lambda s: s["model"]["vocab"].update({"a": 1 << 32}), r"vocab entry 'a' has id 4294967296"),
     (lambda s: s["model"]["merges"].__setitem__(0, ["a", "b", "c"]), r"BPE merge 0 .* is not two pieces"),
     (lambda s: s["model"]["merges"].__setitem__(0, ["zz", "qq"]), r"BPE merge 0 .* uses 'zz', which is not in"),
-    (lambda s: s["model"]["vocab"].update({"a": s["model"]["vocab"]["b"]}), r"gives the same id to two pieces"),
+    (lambda s: s["model"]["vocab"].update({"a": s["model"]["vocab"]["b"]}), r"BPE vocab gives the same id to two pieces"),
     (lambda s: s["added_tokens"][0].update({"id": None}), r"added_tokens must be a list of objects"),
 ])
 def test_tokenizer_json_mistakes_are_named(hf_folder, tmp_path, edit, message):
