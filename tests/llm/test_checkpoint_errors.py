@@ -171,3 +171,18 @@ def test_meta_pth_that_is_not_a_state_dict(tmp_path):
     shard.write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(CheckpointError, match=r"consolidated\.00\.pth: not a readable weights-only \.pth checkpoint"):
         load_checkpoint(folder)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def test_cli_export_of_a_broken_gguf_says_what_is_wrong(bpe_gguf, tmp_path):
+    import subprocess
+    import sys
+
+    broken = patched(bpe_gguf, tmp_path / "broken.gguf", b"tokenizer.ggml.tokens", 8, struct.pack("<Q", 1 << 62))
+    done = subprocess.run([sys.executable, "-m", "execupy", "export-llm", "--gguf", str(broken),
+                           "-o", str(tmp_path / "out.pte")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: {broken}: " in done.stderr and "metadata 'tokenizer.ggml.tokens'" in done.stderr
+    assert not (tmp_path / "out.pte").exists()
