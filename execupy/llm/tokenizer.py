@@ -615,11 +615,12 @@ def sentencepiece_model_proto(
     ``pieces`` are (piece, score, type) with the GGUF/SentencePiece type enum. Written by
     hand so that no protobuf package is needed.
     """
+    _check_sp_pieces(pieces)
     body = bytearray()
     for piece, score, kind in pieces:
         body += _pb_len(1, _pb_len(1, piece.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", score)
                         + _pb_int(3, kind))
-    byte_fallback = sum(1 for _, _, k in pieces if k == BYTE) == 256
+    byte_fallback = any(k == BYTE for _, _, k in pieces)
     trainer = (_pb_int(3, 2)  # model_type = BPE
                + _pb_int(4, len(pieces))
                + _pb_int(35, int(byte_fallback))
@@ -636,6 +637,19 @@ def sentencepiece_model_proto(
                   + _pb_int(4, 0) + _pb_int(5, 1))  # keep whitespace runs, escape spaces as ▁
     body += _pb_len(2, trainer) + _pb_len(3, normalizer)
     return bytes(body)
+
+
+def _check_sp_pieces(pieces: Sequence[tuple[str, float, int]]) -> None:
+    """What SentencePiece demands of pieces: non-empty, no NUL, and byte pieces spelled
+    <0xXX>, all 256 of them or none (byte fallback needs every byte)."""
+    for i, (piece, _, kind) in enumerate(pieces):
+        if not piece or "\0" in piece:
+            raise TokenizerError(f"piece {i} is {piece!r:.60}; pieces are non-empty, without NUL")
+        if kind == BYTE and not _BYTE_PIECE.match(piece):
+            raise TokenizerError(f"piece {i} ({piece!r:.60}) has the byte type but is not spelled <0xXX>")
+    n_bytes = len({p for p, _, k in pieces if k == BYTE})
+    if n_bytes not in (0, 256):
+        raise TokenizerError(f"{n_bytes} distinct byte pieces; byte fallback needs all 256 (<0x00> to <0xFF>)")
 
 
 def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
