@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Optional
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -50,20 +51,24 @@ class RequestLog:
 
     path: str
     stream: bool
-    start: float
+    start: float  # the request arrived
+    started: float = 0.0  # the worker took it (after waiting in the queue)
     first_token: float = 0.0
     end: float = 0.0
     usage: Optional[Usage] = None
     outcome: str = ""
 
     def line(self) -> str:
-        u = self.usage or Usage(0, 0, 0)
-        ttft = f"{self.first_token - self.start:.3f}s" if self.first_token else "-"
+        head = f"execupy serve: POST {self.path} {'stream' if self.stream else 'whole'} {self.outcome}"
+        if self.usage is None:  # refused before generating
+            return f"{head} | {self.end - self.start:.3f}s"
+        u = self.usage
+        queued = f"queued {self.started - self.start:.3f}s" if self.started else "not started"
+        ttft = f"first token {self.first_token - self.start:.3f}s" if self.first_token else "no token"
         decode = self.end - self.first_token if self.first_token else 0.0
         rate = f"{(u.completion_tokens - 1) / decode:.1f} tok/s" if decode > 0 and u.completion_tokens > 1 else "-"
-        return (f"execupy serve: POST {self.path} {'stream' if self.stream else 'whole'} {self.outcome} | "
-                f"prompt {u.prompt_tokens} tokens ({u.cached_tokens} cached) | completion {u.completion_tokens} "
-                f"tokens | first token {ttft} | {rate} | {self.end - self.start:.3f}s")
+        return (f"{head} | prompt {u.prompt_tokens} tokens ({u.cached_tokens} cached) | completion "
+                f"{u.completion_tokens} tokens | {queued} | {ttft} | {rate} | {self.end - self.start:.3f}s")
 
     def done(self, outcome: str) -> None:
         self.end, self.outcome = time.perf_counter(), outcome
@@ -110,7 +115,7 @@ def build_app(engine: Engine) -> Starlette:
         except ClientGone:
             log.done("client left while queued")
             return Response(status_code=499)
-        log.usage = first.usage
+        log.usage, log.started = first.usage, time.perf_counter()
         shape = ResponseShape(req.kind, model)
         if req.stream:
             return StreamingResponse(stream_events(job, request, shape, log), media_type="text/event-stream",
@@ -154,6 +159,8 @@ def build_app(engine: Engine) -> Starlette:
                     log.usage = event.usage
                     outcome = f"200 {event.finish_reason}"
                     yield sse(shape.chunk(None, event.finish_reason, event.usage))
+                    if job.request.include_usage:
+                        yield sse(shape.usage_chunk(event.usage))
                     yield sse("[DONE]")
                     return
         except ClientGone:
@@ -193,8 +200,6 @@ def build_app(engine: Engine) -> Starlette:
 
 def serve(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted (the `execupy serve` command)."""
-    import uvicorn
-
     from execupy.errors import InvalidInputError
     from execupy.llm.runner import LLMRunner
 

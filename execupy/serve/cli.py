@@ -23,6 +23,12 @@ def register(subparsers) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from execupy.serve.app import serve
+    from execupy.errors import InvalidInputError
+
+    try:
+        from execupy.serve.app import serve
+    except ImportError as e:  # starlette or uvicorn
+        raise InvalidInputError(f"execupy serve needs the serve extra ({e.name} is not installed): "
+                                "pip install 'execupy[serve]'") from None
 
     return serve(args)

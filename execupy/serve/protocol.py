@@ -42,6 +42,7 @@ class GenerationRequest:
     messages: list[dict[str, str]] = field(default_factory=list)  # chat
     prompt: str = ""  # completion
     stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: one more chunk, with usage only
     max_tokens: Optional[int] = None  # None: the server's default
     temperature: float = 1.0  # OpenAI's default
     top_p: float = 1.0
@@ -132,7 +133,11 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
     seed = _integer(body, "seed")
-    return GenerationRequest(kind=kind, model=model, stream=_boolean(body, "stream"), max_tokens=max_tokens,
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_field("stream_options", f"expected an object, got {json.dumps(options)}")
+    return GenerationRequest(kind=kind, model=model, stream=_boolean(body, "stream"),
+                             include_usage=_boolean(options, "include_usage"), max_tokens=max_tokens,
                              temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                              top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
                              seed=seed, stop=_stop(body))
@@ -230,6 +235,12 @@ class ResponseShape:
             return self._envelope("chat.completion", choice, usage)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return self._envelope("text_completion", choice, usage)
+
+    def usage_chunk(self, usage: Usage) -> dict:
+        """The extra last chunk stream_options.include_usage asks for: no choices, the usage."""
+        out = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", {}, usage)
+        out["choices"] = []
+        return out
 
     def chunk(self, text: Optional[str], finish_reason: Optional[str] = None, usage: Optional[Usage] = None,
               first: bool = False) -> dict:

@@ -104,6 +104,14 @@ def test_greedy_chat_answer_equals_the_runner(server, runner, stream):
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (prompt, 12, prompt + 12)
 
 
+def test_stream_options_include_usage_adds_a_usage_chunk(server):
+    chunks = list(client(server).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert chunks[-2].choices[0].finish_reason == "length"
+
+
 def test_raw_completion_equals_the_runner(server, runner):
     response = client(server).completions.create(model="tiny", prompt="the quick brown fox", max_tokens=10,
                                                  temperature=0)
