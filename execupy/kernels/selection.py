@@ -110,13 +110,13 @@ def modules_to_import() -> list[str]:
     return builtin_kernel_modules()
 
 
-def missing_kernel_message(key: str) -> str:
-    """Why `key` has no kernel and what to do about it (for UnsupportedOperatorError)."""
+def missing_kernel_reason(key: str) -> str:
+    """Why `key` has no kernel and what to do about it, to follow "operator KEY" in an error."""
     selected = active_kernel_list()
     if selected is not None and key not in selected.operators:
-        return (f"operator {key} is not in the kernel list {selected.source or '(given to use_kernel_list)'}; "
-                f"write the list again with `execupy kernels` over every program you run, or unset {ENV_VAR}")
-    return (f"operator {key} has no kernel in execupy; register a numpy kernel for it with "
+        return (f"is not in the kernel list {selected.source or '(given to use_kernel_list)'}; write the list "
+                f"again with `execupy kernels` over every program you run, or unset {ENV_VAR}")
+    return (f"has no kernel in execupy; register a numpy kernel for it with "
             f"@execupy.runtime.register_kernel({key!r}) (or execupy.kernels.custom.CustomOp.kernel) "
             f"in a module imported before the program is loaded")
 
