@@ -110,7 +110,7 @@ def build_app(engine: Engine) -> Starlette:
             if first.kind == "error":
                 raise first.error
         except ApiError as e:
-            log.done(f"{e.status}")
+            log.done(f"{e.status} {e.code or e.type}")
             return error_response(e)
         except ClientGone:
             log.done("client left while queued")
@@ -131,7 +131,7 @@ def build_app(engine: Engine) -> Starlette:
                     log.first_token = log.first_token or time.perf_counter()
                     parts.append(event.text)
                 elif event.kind == "error":
-                    log.done(f"{event.error.status}")
+                    log.done(f"{event.error.status} {event.error.code or event.error.type}")
                     return error_response(event.error)
                 elif event.kind == "done":
                     log.usage = event.usage

@@ -10,6 +10,7 @@ from LLMRunner in this process, the code path of `execupy generate`.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -191,6 +192,22 @@ def test_a_client_that_leaves_mid_stream_frees_the_server(server):
         time.sleep(0.05)
     assert "client left, generation cancelled" in server.log
     assert waited < 1.0, f"the next request waited {waited:.2f} s after the first client left"
+
+
+def test_a_client_that_leaves_a_whole_request_cancels_it(server):
+    body = json.dumps({"messages": [{"role": "user", "content": "brown fox"}], "max_tokens": CONTEXT}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while not server.http("GET", "/health")[1]["busy"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+    deadline = time.monotonic() + 5
+    while "whole client left, generation cancelled" not in server.log and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "whole client left, generation cancelled" in server.log
+    assert ask(server, "hello", 1)[1] == "length"
 
 
 def test_second_turn_reuses_the_cached_prompt(server, runner):
