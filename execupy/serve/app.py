@@ -203,8 +203,10 @@ def serve(args: argparse.Namespace) -> int:
     from execupy.errors import InvalidInputError
     from execupy.llm.runner import LLMRunner
 
-    if args.queue_size < 0:
-        raise InvalidInputError(f"--queue-size must be >= 0, got {args.queue_size}")
+    if args.queue_size < 1:
+        raise InvalidInputError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if args.max_tokens < 1:
+        raise InvalidInputError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     runner = LLMRunner(args.model, args.tokenizer)
     name = args.model_name or Path(args.model).stem
     engine = Engine(runner, name, queue_size=args.queue_size, default_max_tokens=args.max_tokens)

@@ -16,7 +16,7 @@ def register(subparsers) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--model-name", default=None, help="the model id clients name (default: the file's stem)")
     p.add_argument("--queue-size", type=int, default=32,
-                   help="requests that may wait while one generates; more get 503 (default 32)")
+                   help="requests that may wait while one generates (at least 1); more get 503 (default 32)")
     p.add_argument("--max-tokens", type=int, default=256,
                    help="completion tokens when a request does not say (default 256)")
     p.set_defaults(func=cmd_serve)

@@ -92,8 +92,9 @@ class Engine:
         self.runner = runner
         self.model_name = model_name
         self.default_max_tokens = default_max_tokens
-        self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max(queue_size, 0) or 1)
-        self.queue_size = queue_size
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        self.jobs: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
         self.busy = False
         self.created = int(time.time())
         self._worker = threading.Thread(target=self._work, name="execupy-serve-worker", daemon=True)
@@ -105,8 +106,6 @@ class Engine:
 
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull when queue_size jobs are already waiting."""
-        if self.queue_size == 0 and self.busy:
-            raise QueueFull
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
@@ -145,6 +144,18 @@ class Engine:
                            param="messages")
         return tok.encode_chat(request.messages)
 
+    def _prefill_all_but_last_chunk(self, job: Job, tokens: list[int]) -> list[int]:
+        """Feed a long prompt's chunks but the last, stopping between chunks if the client
+        left (a long prefill takes seconds); returns the last chunk. The chunks are those
+        LLMRunner.prefill makes, so the numbers are the same as one prefill call's."""
+        step = self.runner.meta.max_prefill_len
+        starts = list(range(0, len(tokens), step))
+        for start in starts[:-1]:
+            if job.cancelled.is_set():
+                raise _Cancelled
+            self.runner.prefill(tokens[start:start + step])
+        return tokens[starts[-1]:]
+
     def _run(self, job: Job) -> None:
         runner, request = self.runner, job.request
         tokens = self._prompt_tokens(request)
@@ -165,9 +176,9 @@ class Engine:
             if text:
                 job.emit(Event("text", text))
 
+        last_chunk = self._prefill_all_but_last_chunk(job, tokens[cached:])
         max_tokens = request.max_tokens or self.default_max_tokens
-        new = runner.generate_tokens(tokens[cached:], max_tokens, Sampler(config), callback=on_text,
-                                     stop=request.stop)
+        new = runner.generate_tokens(last_chunk, max_tokens, Sampler(config), callback=on_text, stop=request.stop)
         rest = stops.flush()
         if rest:
             job.emit(Event("text", rest))
