@@ -89,9 +89,11 @@ def run_reference(
 
 
 # Runs inside the reference venv: one loaded program, a sequence of calls with different
-# inputs (the state carries over), optionally with ExecuTorch's llama:: custom-op kernels.
+# inputs (the state carries over), with ExecuTorch's quantized_decomposed:: kernels and
+# optionally its llama:: custom-op kernels.
 _STEPS_WORKER = r"""
 import sys, numpy as np, torch
+import executorch.kernels.quantized  # registers the quantized_decomposed:: kernels
 if sys.argv[3] == "1":
     from executorch.extension.llm.custom_ops import custom_ops  # registers the llama:: kernels
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
@@ -120,8 +122,8 @@ def reference_python() -> Path:
 def run_reference_steps(pte: os.PathLike | str, steps: Sequence[Sequence[np.ndarray]],
                         llama_ops: bool = False) -> list[list[np.ndarray]]:
     """Load `pte` once in ExecuTorch's runtime and call forward once per step, each with its
-    own inputs, in order (mutable state carries from call to call). `llama_ops` loads
-    ExecuTorch's llama:: custom-op kernels first. Returns each call's outputs."""
+    own inputs, in order (mutable state carries from call to call). ExecuTorch's quantized
+    kernels are always loaded; `llama_ops` loads its llama:: custom-op kernels too. Returns each call's outputs."""
     with tempfile.TemporaryDirectory(prefix="execupy-ref-") as tmp:
         arrays = {"steps": np.asarray(len(steps))}
         for k, inputs in enumerate(steps):

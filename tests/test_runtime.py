@@ -65,6 +65,41 @@ def test_static_shape_mismatch_is_rejected():
         m.forward(np.zeros((3, 2), np.float32), np.zeros((2, 3), np.float32))
 
 
+def unplanned_io(name: str) -> Program:
+    """A corpus program with its graph inputs and outputs left out of memory planning, as
+    ExecuTorch writes them with alloc_graph_input/alloc_graph_output off (its LLM export does
+    this to the token input): no allocation_info, shape_dynamism unchanged."""
+    pte = read_pte(open(corpus(name), "rb").read())
+    plan = pte.program.execution_plan[0]
+    for i in plan.inputs + plan.outputs:
+        plan.values[i].allocation_info = None
+    return Program(pte)
+
+
+def test_unplanned_dynamic_tensors_take_any_shape_within_their_bound():
+    planned = Program.load(corpus("portable-dynamic_batch_seq"))
+    method = unplanned_io("portable-dynamic_batch_seq").load_method("forward")
+    rng = np.random.default_rng(2)
+    for shape in [(2, 5, 16), (8, 32, 16), (1, 2, 16)]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        outputs, expected = method.execute([x]), planned.load_method("forward").execute([x])
+        assert [y.shape for y in outputs] == [y.shape for y in expected] and outputs[0].shape[0] == shape[0]
+        for y, want in zip(outputs, expected):
+            np.testing.assert_array_equal(y, want)
+    with pytest.raises(InvalidInputError, match=r"input 0 has shape \(9, 5, 16\).*upper bound"):
+        method.execute([np.zeros((9, 5, 16), np.float32)])
+    with pytest.raises(InvalidInputError, match="rank 3"):
+        method.execute([np.zeros((2, 5), np.float32)])
+
+
+def test_unplanned_static_tensors_keep_their_shape():
+    method = unplanned_io("portable-nested_outputs").load_method("forward")
+    a, b = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)
+    np.testing.assert_array_equal(method.execute([a, b])[0], a + b)
+    with pytest.raises(InvalidInputError, match=r"expects \(2, 3\)"):
+        method.execute([np.zeros((1, 3), np.float32), b])
+
+
 def test_nested_outputs_keep_their_structure():
     m = Module(corpus("portable-nested_outputs"))
     a, b = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)

@@ -24,7 +24,7 @@ import numpy as np
 
 from execupy.errors import InvalidInputError
 from execupy.llm.sampler import Sampler, SamplerConfig
-from execupy.runtime import Module
+from execupy.runtime import Module, TensorInfo
 
 
 class ContextLengthError(InvalidInputError):
@@ -89,7 +89,8 @@ class ModelMetadata:
 
 
 def read_metadata(module: Module) -> ModelMetadata:
-    """The constant methods ``export_llm`` writes; absent ones get safe defaults."""
+    """The constant methods an LLM export writes (ours or ExecuTorch's ``export_llm``);
+    absent ones get safe defaults."""
     names = set(module.method_names)
 
     def get(name: str, default):
@@ -99,19 +100,33 @@ def read_metadata(module: Module) -> ModelMetadata:
         raise InvalidInputError("this program has no 'forward' method; is it an LLM export?")
     if not get("use_kv_cache", False):
         raise InvalidInputError("this program has no KV cache (use_kv_cache is false); the runner needs one")
-    max_seq_len = int(get("get_max_seq_len", 0))
+    # ExecuTorch's export_llm writes the cache length as get_max_context_len; its
+    # get_max_seq_len is the most tokens one call takes. Ours writes both as the cache length.
+    max_seq_len = int(get("get_max_context_len", 0) or get("get_max_seq_len", 0))
     if max_seq_len <= 0:
-        raise InvalidInputError("this program has no get_max_seq_len method; is it an LLM export?")
+        raise InvalidInputError("this program has no get_max_context_len or get_max_seq_len method; "
+                                "is it an LLM export?")
     bos = int(get("get_bos_id", -1))
     return ModelMetadata(
         max_seq_len=max_seq_len,
-        max_prefill_len=int(get("get_max_prefill_len", 1)),  # 1 token per call is always safe
+        max_prefill_len=int(get("get_max_prefill_len", 0) or _tokens_per_call(module)),
         vocab_size=int(get("get_vocab_size", 0)),
         bos_id=bos if bos >= 0 else None,
         eos_ids=tuple(int(i) for i in get("get_eos_ids", [])),
         add_bos=bool(get("get_add_bos", False)),
         chat_template=get("get_chat_template", "") or None,
     )
+
+
+def _tokens_per_call(module: Module) -> int:
+    """The most tokens forward takes at once, read from its token input [1, T]: the upper
+    bound of T when it is dynamic (ExecuTorch's export_llm writes no get_max_prefill_len), else
+    1, which is always safe for a KV-cache program."""
+    inputs = module.program.method_meta("forward").inputs
+    tokens = inputs[0] if inputs else None
+    if isinstance(tokens, TensorInfo) and tokens.dynamic and len(tokens.shape) == 2:
+        return tokens.shape[1]
+    return 1
 
 
 def find_tokenizer(pte_path: str | os.PathLike) -> Path:

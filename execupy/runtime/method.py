@@ -50,6 +50,22 @@ def _view(buf: np.ndarray, dtype: np.dtype, sizes: Sequence[int], dim_order: Seq
     return arr.transpose(np.argsort(dim_order))
 
 
+def _expected_shape(shape: tuple[int, ...], t: P.Tensor) -> Optional[str]:
+    """What value `t` expects when a tensor of `shape` cannot take its place; None when it can.
+
+    The tensor's shape_dynamism decides, whether or not its memory is planned: ExecuTorch's
+    LLM export leaves the token input unplanned yet DYNAMIC_BOUND. DYNAMIC_UNBOUND is held to
+    the upper bound as well, as ExecuTorch's runtime does."""
+    upper = tuple(t.sizes)
+    if len(shape) != len(upper):
+        return f"rank {len(upper)}, shape {upper}"
+    if t.shape_dynamism == P.TensorShapeDynamism.STATIC:
+        return None if shape == upper else str(upper)
+    if any(s > u for s, u in zip(shape, upper)):
+        return f"at most {upper}, the upper bound the program was exported with"
+    return None
+
+
 def _numel(sizes: Sequence[int]) -> int:
     n = 1
     for s in sizes:
@@ -267,8 +283,14 @@ class Method:
             return lambda r: self._place_dynamic(ret, r)
         if ret in self._unplanned:
             dtype = P.numpy_dtype(v.scalar_type)
+
             def store_unplanned(r):
-                values[ret] = np.asarray(r, dtype)
+                r = np.asarray(r, dtype)
+                expected = _expected_shape(r.shape, v)
+                if expected:
+                    raise KernelError(f"value {ret}: the result has shape {r.shape}; the program expects {expected}")
+                values[ret] = r
+
             return store_unplanned
 
         def store_static(r):
@@ -423,37 +445,27 @@ class Method:
 
             return set_scalar
         dtype = P.numpy_dtype(v.scalar_type)
-        upper = tuple(v.sizes)
 
         def check(x) -> np.ndarray:
             arr = x if isinstance(x, np.ndarray) else np.asarray(x)
             if arr.dtype != dtype:
                 raise InvalidInputError(f"input {k} has dtype {arr.dtype}, but method {self.name!r} expects {dtype}")
-            if arr.ndim != len(upper):
-                raise InvalidInputError(
-                    f"input {k} has shape {arr.shape} (rank {arr.ndim}); method {self.name!r} expects rank "
-                    f"{len(upper)}, shape {upper}"
-                )
+            expected = _expected_shape(arr.shape, v)
+            if expected:
+                raise InvalidInputError(f"input {k} has shape {arr.shape}; method {self.name!r} expects {expected}")
             return arr
 
         if i in self._dynamic:
             def set_dynamic(x):
-                arr = check(x)
-                if any(s > u for s, u in zip(arr.shape, upper)):
-                    raise InvalidInputError(
-                        f"input {k} has shape {arr.shape}, beyond the upper bound {upper} the program was exported with"
-                    )
-                self._place_dynamic(i, arr)
+                self._place_dynamic(i, check(x))
             return set_dynamic
+        if i in self._unplanned:
+            def set_unplanned(x):  # no planned bytes: the value is the caller's array, as ExecuTorch shares it
+                values[i] = check(x)
+            return set_unplanned
 
         def set_static(x):
-            arr = check(x)
-            if arr.shape != upper:
-                raise InvalidInputError(f"input {k} has shape {arr.shape}, method {self.name!r} expects {upper}")
-            if i in self._unplanned:
-                values[i] = arr
-            else:
-                np.copyto(values[i], arr)
+            np.copyto(values[i], check(x))
 
         return set_static
 
