@@ -35,6 +35,18 @@ from .protocol import (
 )
 
 DISCONNECT_POLL_S = 0.1  # how often a waiting request checks that its client is still there
+MAX_BODY_BYTES = 8 << 20  # far more than any context holds; a bigger body is refused unread
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused (413) once it passes MAX_BODY_BYTES rather than held whole."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class ClientGone(Exception):
@@ -97,7 +109,7 @@ def build_app(engine: Engine) -> Starlette:
     async def generate(request: Request, parse: Callable[[dict], GenerationRequest]) -> Response:
         log = RequestLog(request.url.path, False, time.perf_counter())
         try:
-            req = parse(parse_json_object(await request.body()))
+            req = parse(parse_json_object(await read_body(request)))
             log.stream = req.stream
             check_model(req)
             job = Job(req, asyncio.get_running_loop())

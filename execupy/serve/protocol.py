@@ -132,7 +132,7 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
-    seed = _integer(body, "seed")
+    seed = _integer(body, "seed", 0)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_field("stream_options", f"expected an object, got {json.dumps(options)}")

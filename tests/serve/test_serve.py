@@ -152,7 +152,7 @@ def test_errors_are_shaped_like_openai(server, runner):
         {"role": "user", "content": long_prompt}]}).encode())
     assert status == 400 and err["code"] == "context_length_exceeded" and str(CONTEXT) in err["message"]
     for field, value in [("temperature", "hot"), ("max_tokens", 0), ("top_p", 0), ("messages", []),
-                         ("frequency_penalty", 0.5), ("n", 3)]:
+                         ("frequency_penalty", 0.5), ("n", 3), ("seed", -1), ("stop", [""])]:
         body = {"messages": [{"role": "user", "content": "hi"}], field: value}
         status, err = error("/v1/chat/completions", json.dumps(body).encode())
         assert status == 400 and err["param"] == field, (field, err)
@@ -160,6 +160,8 @@ def test_errors_are_shaped_like_openai(server, runner):
     assert status == 400 and err["param"] == "messages[0].role"
     status, err = error("/v1/completions", json.dumps({"prompt": 42}).encode())
     assert status == 400 and err["param"] == "prompt"
+    status, err = error("/v1/completions", b'{"prompt": "' + b"a" * (9 << 20) + b'"}')
+    assert status == 413
     status, err = error("/v1/embeddings", b"{}")
     assert status == 404
     # And after all that the server still answers.
