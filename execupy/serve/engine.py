@@ -69,18 +69,23 @@ class StopFilter:
         self.stopped = False
 
     def feed(self, piece: str) -> str:
+        """The text that can be streamed now that `piece` has come."""
         if self.stopped:
             return ""
         self.pending += piece
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if found:
             self.stopped = True
-            out, self.pending = self.pending[:cut], ""
+            out, self.pending = self.pending[:min(found)], ""
             return out
-        keep = max((k for s in self.stops for k in range(len(s) - 1, 0, -1) if self.pending.endswith(s[:k])),
-                   default=0)
-        out, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        split = len(self.pending) - self._could_begin_a_stop()
+        out, self.pending = self.pending[:split], self.pending[split:]
         return out
+
+    def _could_begin_a_stop(self) -> int:
+        """How many trailing characters of the pending text could begin a stop string."""
+        return max((k for s in self.stops for k in range(len(s) - 1, 0, -1) if self.pending.endswith(s[:k])),
+                   default=0)
 
     def flush(self) -> str:
         out, self.pending = ("" if self.stopped else self.pending), ""
