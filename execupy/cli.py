@@ -3,7 +3,8 @@
     execupy inspect model.pte [--json] [--load]
     execupy run model.pte [--method NAME] [--inputs in.npz | --random-inputs] [--repeat N] [--save out.npz]
 
-LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`.
+LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`, `kernels`
+from `execupy.devtools.kernel_list`, `serve` from `execupy.serve.cli`.
 Convention for every subcommand: its parser sets `func=handler` with
 `set_defaults`, and `handler(args) -> int` returns the exit status. An
 `ExecupyError` (or a missing file) raised by a handler is printed as
@@ -43,7 +44,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .devtools import kernel_list as kernels_cli
     from .llm import cli as llm_cli
+    from .serve import cli as serve_cli
 
     parser = argparse.ArgumentParser(
         prog="execupy",
@@ -54,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_run(sub)
     llm_cli.register(sub)
+    kernels_cli.register(sub)
+    serve_cli.register(sub)
     return parser
 
 

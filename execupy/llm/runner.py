@@ -243,6 +243,19 @@ class LLMRunner:
             logits = self._forward(tokens[start:start + step])
         return logits
 
+    def reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Keep the longest start of the KV cache that ``tokens`` also starts with (the usual
+        next turn of a conversation), forget the rest, and return its length: the caller
+        then feeds ``tokens[n:]`` only. At least one token is always left to feed, since
+        the next token's logits come from feeding one."""
+        limit = min(len(self.history), len(tokens) - 1)
+        n = 0
+        while n < limit and self.history[n] == tokens[n]:
+            n += 1
+        self.pos, self.history, self.pending = n, self.history[:n], []
+        self.cached_text, self.messages = "", []  # chat()'s view of the cache no longer holds
+        return n
+
     def _check_room(self, n: int) -> None:
         if self.pos + n > self.meta.max_seq_len:
             raise ContextLengthError(

@@ -26,6 +26,7 @@ from ..errors import (
 )
 from ..schema import program as P
 from ..kernels.registry import get_kernel
+from ..kernels.selection import missing_kernel_reason
 from .backends import BackendContext, backend_names, get_backend
 
 Step = Callable[[], Optional[int]]  # returns a jump destination, or None to fall through
@@ -355,9 +356,7 @@ class Method:
         fn = get_kernel(key)
         if fn is None:
             raise UnsupportedOperatorError(
-                f"operator {key} (method {self.name!r}, instruction {pc}) has no kernel in execupy; "
-                f"register one with execupy.runtime.register_kernel({key!r})"
-            )
+                f"operator {key} (method {self.name!r}, instruction {pc}) {missing_kernel_reason(key)}")
         if not ins.args:
             raise MalformedProgramError(f"method {self.name!r}: instruction {pc} ({key}) has no arguments")
         if key == "executorch_prim::et_copy_index.tensor":
