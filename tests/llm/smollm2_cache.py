@@ -29,7 +29,12 @@ def _sources_hash() -> str:
     return digest.hexdigest()[:12]
 
 
-def smollm2_program(max_seq_len: int = 512, max_prefill_len: int = 64) -> Optional[Path]:
+# One shape for every test, so that a machine exports SmolLM2 once: room for a ~40-token
+# prompt and 64 generated tokens.
+MAX_SEQ_LEN, MAX_PREFILL_LEN = 128, 32
+
+
+def smollm2_program(max_seq_len: int = MAX_SEQ_LEN, max_prefill_len: int = MAX_PREFILL_LEN) -> Optional[Path]:
     """The cached .pte (its tokenizer beside it), exported now if absent; None without the GGUF."""
     gguf = smollm2_gguf_path()
     if gguf is None:
