@@ -88,14 +88,21 @@ class RequestLog:
 
 
 async def next_event(job: Job, request: Request) -> Event:
-    """The job's next event; ClientGone (and the job cancelled) if the client disconnects first."""
+    """The job's next event; ClientGone (and the job cancelled) if the client disconnects first.
+
+    The client is checked every DISCONNECT_POLL_S whether or not events are flowing: a fast
+    model can fill the queue faster than the poll, and a gone client must stop it all the same."""
     while True:
+        now = time.monotonic()
+        if now - job.client_checked >= DISCONNECT_POLL_S:
+            job.client_checked = now
+            if await request.is_disconnected():
+                job.cancel()
+                raise ClientGone
         try:
             return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel()
-                raise ClientGone from None
+            pass
 
 
 def build_app(engine: Engine) -> Starlette:

@@ -50,6 +50,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    client_checked: float = 0.0  # when the request last checked that its client is still there
 
     def emit(self, event: Event) -> None:
         """From the worker thread to the request's event loop."""
