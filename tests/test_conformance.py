@@ -1,5 +1,5 @@
-"""Every portable and quant_portable program written by ExecuTorch runs through Module
-and matches the reference runtime's outputs; XNNPACK programs fail with MissingBackendError."""
+"""Every portable, quant_portable, xnnpack and quant_xnnpack program written by ExecuTorch
+runs through Module and matches the reference runtime's outputs."""
 import pytest
 
 from execupy.errors import MissingBackendError
@@ -26,12 +26,20 @@ def test_portable_case_matches_reference(case):
             assert problem is None, f"run {run['id']} output {k}: {problem}"
 
 
-@pytest.mark.skipif(get_backend("XnnpackBackend") is not None, reason="XNNPACK backend is registered")
 @pytest.mark.parametrize("case", DELEGATED, ids=lambda c: c.name)
-def test_delegated_case_names_missing_backend(case):
-    with pytest.raises(MissingBackendError, match="XnnpackBackend"):
-        module = Module(case.pte)
-        module.method(case.manifest["method_names"][0])
+def test_xnnpack_case_matches_reference(case):
+    """ExecuTorch's XNNPACK-delegated programs run on execupy's XnnpackBackend and match the
+    outputs ExecuTorch's runtime (with XNNPACK) produced, within the case's tolerance."""
+    tol = case.manifest["tolerance"]
+    modules = {}
+    for run in case.manifest["runs"]:
+        module = modules.setdefault(run["session"], Module(case.pte))
+        actual = flatten(module.run_method(run["method"], *load_inputs(case, run)))
+        expected = expected_outputs(case, run)
+        assert len(actual) == len(expected), f"run {run['id']}: {len(actual)} outputs, expected {len(expected)}"
+        for k, (a, e) in enumerate(zip(actual, expected)):
+            problem = mismatch(a, e, tol["atol"], tol["rtol"])
+            assert problem is None, f"run {run['id']} output {k}: {problem}"
 
 
 def test_corpus_is_present():
