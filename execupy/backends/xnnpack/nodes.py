@@ -30,6 +30,7 @@ Step = Callable[[list], None]
 TRANSPOSE_WEIGHTS = 0x1  # FullyConnected: filter is [in, out]; BatchMatrixMultiply: B is transposed
 ALIGN_CORNERS = 0x8
 TENSORFLOW_LEGACY_MODE = 0x4
+MAX_RESIZE_PIXELS = 1 << 24
 
 
 def _kernel(name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -180,6 +181,8 @@ def _resize_bilinear(node: Node, g):
     out_dims = g.values[f["output_id"]].dims
     if len(out_dims) != 4 or (out_dims[1], out_dims[2]) != (out_h, out_w):
         raise MalformedProgramError(f"StaticResizeBilinear2D to {out_h}x{out_w} disagrees with output {out_dims}")
+    if out_h * out_w > MAX_RESIZE_PIXELS:  # a hostile graph must not make us allocate without bound
+        raise MalformedProgramError(f"StaticResizeBilinear2D to {out_h}x{out_w} is implausibly large")
     align = bool(f["flags"] & ALIGN_CORNERS)
     half_pixel = not align and not f["flags"] & TENSORFLOW_LEGACY_MODE
 
