@@ -77,10 +77,12 @@ def test_flipped_flatbuffer_bytes_give_typed_errors_naming_the_delegate(name):
     assert outcomes["rejected at load"] >= VARIANTS_PER_CASE // 4, outcomes
 
 
-def test_an_undamaged_payload_loads_and_a_wrong_graph_identifier_is_named():
+def test_both_schema_identifiers_load_and_a_wrong_one_is_named():
     data, start, program = _payload(CASES["xnnpack-linear"])
     payload = bytearray(program.delegate_payload(program.plan("forward").delegates[0].processed))
     context = BackendContext(program.named_data)
+    assert XnnpackBackend().init(bytes(payload), [], context).steps
+    payload[32 + 4:32 + 8] = b"XN00"  # the identifier of the runtime-side schema copy is accepted too
     assert XnnpackBackend().init(bytes(payload), [], context).steps
     payload[32 + 4:32 + 8] = b"XX99"
     with pytest.raises(MalformedProgramError, match="XnnpackBackend.*identifier"):

@@ -8,8 +8,10 @@ Most nodes are computed in the float domain: inputs are dequantized (an identity
 fp16 is widened to fp32), the op runs in fp32, the fused clamp is applied and the result is
 stored in the output's datatype (rounded to fp16, or quantized). XNNPACK's int8 kernels for
 add/multiply/pooling work in fixed point instead; the two agree to within one quantization
-step (they can differ where a value falls on a rounding tie). FullyConnected and
-convolutions on quantized data accumulate in integers exactly as XNNPACK does.
+step (they can differ where a value falls on a rounding tie). fp16 nodes are computed in
+fp32 and rounded once to fp16, where XNNPACK's f16 kernels may round (and accumulate
+matrix products) in fp16. FullyConnected and convolutions on quantized data accumulate in
+integers exactly as XNNPACK does.
 """
 from __future__ import annotations
 
