@@ -50,8 +50,8 @@ CASES = {
         inputs="(torch.randn(1, 3, 4, 5),)", nodes=["StaticResizeBilinear2D"]),
     "prelu": dict(model="nn.Sequential(nn.Conv2d(3, 4, 1), nn.PReLU(4))", inputs="(torch.randn(1, 3, 4, 4),)",
                   nodes=["PReLU"]),
-    "elu_hardtanh": dict(model="Fn(lambda x: F.hardtanh(F.elu(x, alpha=0.5), -0.3, 0.8))",
-                         inputs="(torch.randn(4, 8),)", nodes=["ELU"]),
+    "fused_hardtanh": dict(model="Fn(lambda x: F.hardtanh(x * 2, -0.3, 0.8))", inputs="(torch.randn(4, 8),)",
+                           nodes=["Multiply"]),  # the clamp is the Multiply's output_min/max
     "cat3_cat4_cat5": dict(
         model="Fn(lambda a, b, c, d, e: (torch.cat([a, b, c], 1) * 2, torch.cat([a, b, c, d], 0) + 1, "
               "torch.cat([a, b, c, d, e], 1) - 1))",
@@ -64,9 +64,8 @@ CASES = {
     "fp16_conv_linear": dict(model="nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(64, 5))",
                              inputs="(torch.randn(2, 3, 6, 6),)", quant="fp16", nodes=["Conv2d", "FullyConnected"],
                              datatypes=["fp16"]),
-    "static_int8_pools_cat": dict(
-        model="Fn2(nn.Conv2d(3, 4, 3, padding=1), lambda c, x: torch.cat([F.max_pool2d(c(x), 2), "
-              "F.avg_pool2d(c(x), 2)], 1).relu())",
+    "static_int8_pool": dict(
+        model="Fn2(nn.Conv2d(3, 4, 3, padding=1), lambda c, x: F.max_pool2d(c(x), 2).relu())",
         inputs="(torch.randn(2, 3, 8, 8),)", quant="static", nodes=["Conv2d", "MaxPooling2d"],
         datatypes=["qint8", "qcint8"]),
     "static_int8_depthwise_hardtanh": dict(
@@ -75,7 +74,7 @@ CASES = {
     "dynamic_int8_linear": dict(model="nn.Sequential(nn.Linear(32, 24), nn.ReLU(), nn.Linear(24, 8))",
                                 inputs="(torch.randn(3, 5, 32),)", quant="dynamic", nodes=["FullyConnected"],
                                 datatypes=["qdint8", "qcint8"]),
-    "int8_int4_per_channel": dict(model="nn.Sequential(nn.Linear(64, 24), nn.Linear(24, 10))",
+    "int8_int4_per_channel": dict(model="nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 10))",
                                   inputs="(torch.randn(4, 64),)", quant="int4:0", nodes=["FullyConnected"],
                                   datatypes=["qdint8"]),
     "int8_int4_group32": dict(model="nn.Sequential(nn.Linear(64, 24, bias=False))",
