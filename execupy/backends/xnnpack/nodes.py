@@ -249,10 +249,10 @@ def _convert(node: Node, g) -> Step:
     src, dst = g.values[node.fields["input_id"]], g.values[node.fields["output_id"]]
     out = node.fields["output_id"]
     if dst.datatype == "qdint8":
-        load, rows = g.loader(node.fields["input_id"]), dst.quant.num_nonbatch_dims
+        load = g.loader(node.fields["input_id"])
 
         def step(vals: list) -> None:
-            vals[out] = Q.quantize_dynamic(load(vals), rows)
+            vals[out] = Q.quantize_dynamic(load(vals))
 
         return step
     return _unary(lambda x: x)(node, g)
@@ -412,6 +412,8 @@ def _convolution(node: Node, g) -> Step:
             vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
 
         return step_quantized
+    if x_val.datatype == "qdint8":
+        return _conv_dynamic_quant(node, g, w, has_bias)
     if g.values[f["filter_id"]].datatype not in ("fp32", "fp16"):
         raise UnsupportedOperatorError(f"XnnpackBackend: {node.kind} with a {g.values[f['filter_id']].datatype} "
                                        f"filter and {x_val.datatype} input")
@@ -424,6 +426,27 @@ def _convolution(node: Node, g) -> Step:
         if bias is not None:
             y = y + bias(vals)
         vals[out] = store(y)
+
+    return step
+
+
+def _conv_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
+    """qd8 input (a scale and zero point per pixel) x qc8w filter -> fp32:
+    y = w_scale[c] * conv(x_scale * (x - x_zp), w)[n, c] + bias[c]; for a 1x1 filter (the case
+    ExecuTorch emits) this is XNNPACK's per-row scaling exactly. For larger filters a window
+    mixes pixels with different scales, which XNNPACK's qd8 igemm cannot express; we dequantize
+    the pixels first, the mathematically meaningful reading."""
+    f = node.fields
+    conv = _conv_nchw(node, w.astype(np.float64) - g.filter_zero_point(f["filter_id"]), np.float64)
+    w_scale = g.scales(f["filter_id"]).astype(np.float64).reshape(-1)  # per output channel, NHWC's last dim
+    bias = g.const(f["bias_id"], f"{node.kind} bias").astype(np.float64) if has_bias else 0.0
+    lo, hi = F32(node.output_min), F32(node.output_max)
+    x_id, out = f["input1_id"], f["output_id"]
+
+    def step(vals: list) -> None:
+        x: Q.DynamicQuant = vals[x_id]
+        y = conv((x.q.astype(np.float64) - x.zero_point) * x.scale)
+        vals[out] = np.clip((y * w_scale + bias).astype(F32), lo, hi)
 
     return step
 

@@ -4,8 +4,8 @@ Static int8 (qint8/quint8 per tensor): quantize is round(x * (1/scale)) + zero_p
 rounded half to even and saturated, as XNNPACK's f32->qs8 converter does (it multiplies by
 the float32 reciprocal of the scale, not divides). Dequantize is (q - zp) * scale in fp32.
 
-Dynamic int8 (qdint8, one scale and zero point per row of the trailing
-`num_nonbatch_dims` dims): each row's range [min(0, rmin), max(0, rmax)] maps onto
+Dynamic int8 (qdint8, one scale and zero point per row of the innermost dimension): each
+row's range [min(0, rmin), max(0, rmax)] maps onto
 [-128, 127]; the zero point is taken from whichever end gives the smaller error, clamped
 and rounded to nearest even; a row of zeros gets scale 1. This follows XNNPACK's
 `xnn_f32_qd8_asymmetric_quantization_params` step by step in float32.
@@ -42,12 +42,14 @@ def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
     return (q.astype(F32) - F32(zero_point)) * F32(scale)
 
 
-def quantize_dynamic(x: np.ndarray, num_nonbatch_dims: int) -> DynamicQuant:
-    """Per-row dynamic quantization (XNNPACK's qd8 convert)."""
+def quantize_dynamic(x: np.ndarray) -> DynamicQuant:
+    """Per-row dynamic quantization (XNNPACK's qd8 convert). A row is the innermost
+    dimension whatever the value's `num_nonbatch_dims` says: ExecuTorch 1.5.1's runtime gives
+    each pixel of an NHWC conv input its own scale although the graph declares 3 non-batch
+    dims (checked against its outputs in tests/test_xnnpack_nodes.py, dynamic_int8_conv)."""
     x = np.asarray(x, F32)
-    axes = tuple(range(x.ndim - max(1, num_nonbatch_dims), x.ndim))
-    rmin = np.minimum(F32(0), x.min(axis=axes, keepdims=True))
-    rmax = np.maximum(F32(0), x.max(axis=axes, keepdims=True))
+    rmin = np.minimum(F32(0), x.min(axis=-1, keepdims=True))
+    rmax = np.maximum(F32(0), x.max(axis=-1, keepdims=True))
     same = rmin == rmax
     with np.errstate(divide="ignore", invalid="ignore"):
         inv_scale = np.where(same, F32(1), F32(INT8_MAX - INT8_MIN) / np.where(same, F32(1), rmax - rmin)).astype(F32)
