@@ -9,15 +9,20 @@ Tolerances: fp32 logits within 1e-4 of the step's largest logit magnitude (the s
 math summed in another order). Quantized: XNNPACK picks each token's int8 scale from the
 row's range and both runtimes round the same way, but a different float summation order
 can flip a rounding tie, so the check is the same argmax at every step and cosine
-similarity >= 0.999.
+similarity >= 0.999. And `execupy generate` on the 8da4w program (as a user runs it, in a
+subprocess) continues a prompt with the tokens ExecuTorch's runtime picks greedily.
 """
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from execupy.runtime import Program
-from tests.et_llm import export_with_executorch
+from tests.et_llm import EOS_ID, export_with_executorch, reference_greedy, tokenizer_size, write_tokenizer
 from tests.reference import run_reference_steps
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
@@ -68,3 +73,20 @@ def test_logits_match_executorch_over_prefill_and_three_decode_steps(name, progr
             assert a.argmax() == b.argmax(), f"step {k}: argmax {a.argmax()} != ExecuTorch's {b.argmax()}"
             cosine = float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b)))
             assert cosine >= MIN_COSINE, f"step {k}: cosine similarity {cosine:.6f}"
+
+
+def test_execupy_generate_on_an_8da4w_xnnpack_program_continues_as_executorch_does(tmp_path):
+    from tokenizers import Tokenizer
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json")
+    program = export_with_executorch(Q8DA4W, vocab_size=tokenizer_size(tokenizer))
+    prompt, new_tokens = "the quick brown fox jumps", 12
+    hf = Tokenizer.from_file(str(tokenizer))
+    expected = reference_greedy(program, hf.encode(prompt).ids, new_tokens)
+    proc = subprocess.run([sys.executable, "-m", "execupy", "generate", str(program), "--tokenizer", str(tokenizer),
+                           "--prompt", prompt, "--max-new-tokens", str(new_tokens), "--stats-json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert stats["generated_tokens"] == len(expected)
+    assert proc.stdout == hf.decode([t for t in expected if t != EOS_ID]) + "\n"

@@ -32,7 +32,8 @@ Step = Callable[[list], None]
 TRANSPOSE_WEIGHTS = 0x1  # FullyConnected: filter is [in, out]; BatchMatrixMultiply: B is transposed
 ALIGN_CORNERS = 0x8
 TENSORFLOW_LEGACY_MODE = 0x4
-MAX_RESIZE_PIXELS = 1 << 24
+# Static sizes a node may produce; a hostile graph must not make us allocate without bound.
+MAX_STATIC_ELEMENTS = 1 << 28
 
 
 def _kernel(name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -130,6 +131,8 @@ def _pad(node: Node, g):
     if not (len(pre) == len(post) == len(ins) == len(outs)) or any(
             i + a + b != o for i, a, b, o in zip(ins, pre, post, outs)):
         raise MalformedProgramError(f"StaticConstantPad {pre}/{post} does not turn {ins} into {outs}")
+    if math.prod(outs) > MAX_STATIC_ELEMENTS:
+        raise MalformedProgramError(f"StaticConstantPad output {outs} is implausibly large")
     width, value = list(zip(pre, post)), node.fields["padding_value"]
     return lambda x: np.pad(x, width, constant_values=value)
 
@@ -183,7 +186,7 @@ def _resize_bilinear(node: Node, g):
     out_dims = g.values[f["output_id"]].dims
     if len(out_dims) != 4 or (out_dims[1], out_dims[2]) != (out_h, out_w):
         raise MalformedProgramError(f"StaticResizeBilinear2D to {out_h}x{out_w} disagrees with output {out_dims}")
-    if out_h * out_w > MAX_RESIZE_PIXELS:  # a hostile graph must not make us allocate without bound
+    if math.prod(out_dims) > MAX_STATIC_ELEMENTS:
         raise MalformedProgramError(f"StaticResizeBilinear2D to {out_h}x{out_w} is implausibly large")
     align = bool(f["flags"] & ALIGN_CORNERS)
     half_pixel = not align and not f["flags"] & TENSORFLOW_LEGACY_MODE
