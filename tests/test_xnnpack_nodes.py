@@ -14,10 +14,7 @@ dynamic int8: 1e-4 relative (same integer sums, fp32 scaling order).
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +23,7 @@ import pytest
 from execupy.backends.xnnpack.schema import read_payload
 from execupy.runtime import Module, Program
 
-from .reference import ReferenceError, reference_python
+from .reference import run_worker_once
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
@@ -158,18 +155,7 @@ for name, case in cases.items():
 def programs() -> tuple[Path, dict]:
     """Lower and run every case in the reference venv once; cached under a hash of the cases,
     the worker and the venv."""
-    cases = json.dumps(CASES, sort_keys=True)
-    python = reference_python()
-    key = hashlib.sha256(f"{cases}{_WORKER}{python}".encode()).hexdigest()[:16]
-    folder = Path.home() / ".cache" / "execupy-conformance" / f"xnnpack-nodes-{key}"
-    if not (folder / "report.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "cases.json").write_text(cases)
-        proc = subprocess.run([str(python), "-c", _WORKER, str(folder / "cases.json"), str(folder)],
-                              capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if proc.returncode != 0:
-            raise ReferenceError(f"ExecuTorch export worker exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return folder, json.loads((folder / "report.json").read_text())
+    return run_worker_once(_WORKER, json.dumps(CASES, sort_keys=True), "xnnpack-nodes")
 
 
 def _graphs(pte: Path) -> list:
