@@ -162,3 +162,15 @@ def run_worker_once(worker: str, cases: str, prefix: str, timeout_s: int = 1800)
         if proc.returncode != 0:
             raise ReferenceError(f"ExecuTorch worker exited {proc.returncode}: {proc.stderr[-2000:]}")
     return folder, json.loads((folder / "report.json").read_text())
+
+
+def worker_case_outputs(folder: Path, name: str) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """(inputs, ExecuTorch's outputs, execupy's outputs) of a program a worker saved as
+    `name`.pte with `name`.npz (in0.., out0..)."""
+    from execupy.runtime import Module
+
+    data = np.load(folder / f"{name}.npz")
+    inputs = [data[f"in{i}"] for i in range(sum(k.startswith("in") for k in data.files))]
+    expected = [data[f"out{i}"] for i in range(sum(k.startswith("out") for k in data.files))]
+    got = Module(str(folder / f"{name}.pte")).forward(*inputs)
+    return inputs, expected, list(got) if isinstance(got, (list, tuple)) else [got]

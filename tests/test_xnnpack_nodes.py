@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from execupy.backends.xnnpack.schema import read_payload
-from execupy.runtime import Module, Program
+from execupy.runtime import Program
 
-from .reference import run_worker_once
+from .reference import run_worker_once, worker_case_outputs
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
@@ -186,11 +186,7 @@ def test_xnnpack_nodes_run_as_in_executorch(programs, name):
     datatypes = {v.datatype for g in graphs for v in g.values}
     assert set(case["nodes"]) <= kinds, f"the graph holds {sorted(kinds)}"
     assert set(case.get("datatypes", [])) <= datatypes, f"the graph holds {sorted(datatypes)}"
-    data = np.load(folder / f"{name}.npz")
-    inputs = [data[f"in{i}"] for i in range(sum(k.startswith("in") for k in data.files))]
-    expected = [data[f"out{i}"] for i in range(sum(k.startswith("out") for k in data.files))]
-    got = Module(str(folder / f"{name}.pte")).forward(*inputs)
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    _, expected, got = worker_case_outputs(folder, name)
     assert len(got) == len(expected)
     for ours, theirs in zip(got, expected):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape

@@ -30,7 +30,7 @@ from execupy.errors import UnsupportedOperatorError
 from execupy.runtime import Module, Program
 from execupy.schema import read_pte
 
-from ..reference import run_reference, run_worker_once
+from ..reference import run_reference, run_worker_once, worker_case_outputs
 from .test_reduce_linalg import FLOATS, INTS, aten, assert_matches, out_like, rand, run, run_out, to_np
 
 # ExecuTorch's dtype groups: ALL / REALHBBF16 = every real dtype plus bool.
@@ -742,11 +742,7 @@ def test_programs_executorch_wrote_run_the_same_in_execupy(executorch_programs, 
     case = executorch_case(name)
     assert isinstance(report[name], list), f"ExecuTorch could not export or run the case: {report[name]}"
     assert case["op"] in report[name], f"the program does not call {case['op']}: {report[name]}"
-    data = np.load(folder / f"{name}.npz")
-    inputs = [data[f"in{i}"] for i in range(sum(k.startswith("in") for k in data.files))]
-    expected = [data[f"out{i}"] for i in range(sum(k.startswith("out") for k in data.files))]
-    got = Module(str(folder / f"{name}.pte")).forward(*inputs)
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    inputs, expected, got = worker_case_outputs(folder, name)
     assert len(got) == len(expected)
     for ours, theirs in zip(got, expected):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (ours.dtype, ours.shape, theirs.dtype,
