@@ -27,7 +27,8 @@ from .reference import run_worker_once, worker_case_outputs
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
-# name: model (an nn.Module expression), inputs, quant ("", "fp16", "static", "dynamic", "int4:<group>"),
+# name: model (an nn.Module expression), inputs, quant ("", "fp16", "static", "dynamic", "dynamic4" (4-bit
+# channelwise weights), "int4:<group>"),
 # and the node kinds / datatypes the XNNGraph must contain.
 CASES = {
     "conv_transpose": dict(model="nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)",
@@ -74,6 +75,9 @@ CASES = {
     "dynamic_int8_conv": dict(model="nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))",
                               inputs="(torch.randn(2, 3, 6, 7),)", quant="dynamic", nodes=["Conv2d"],
                               datatypes=["qdint8", "qcint8"]),
+    "dynamic_int8_int4_channelwise": dict(model="nn.Sequential(nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 10))",
+                                          inputs="(torch.randn(3, 64),)", quant="dynamic4", nodes=["FullyConnected"],
+                                          datatypes=["qdint8", "qcint4"]),
     "int8_int4_per_channel": dict(model="nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 10))",
                                   inputs="(torch.randn(4, 64),)", quant="int4:0", nodes=["FullyConnected"],
                                   datatypes=["qdint8"]),
@@ -112,11 +116,12 @@ class Fn2(nn.Module):
 def quantize(model, args, how):
     if how == "fp16":
         return model.half(), tuple(a.half() for a in args)
-    if how in ("static", "dynamic"):
+    if how in ("static", "dynamic", "dynamic4"):
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
             XNNPACKQuantizer, get_symmetric_quantization_config)
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-        config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=how == "dynamic")
+        bits4 = dict(weight_qmin=-8, weight_qmax=7) if how == "dynamic4" else {}
+        config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=how != "static", **bits4)
         m = prepare_pt2e(torch.export.export(model, args).module(), XNNPACKQuantizer().set_global(config))
         m(*args)
         return convert_pt2e(m), args
