@@ -5,7 +5,8 @@ partitioner writes, run in numpy.
 bytes (named data or the payload's own constant region), unpacks 4-bit weights, re-lays
 filters and builds one step per node (see nodes.py); `execute` binds the call's tensors to
 the graph's external values and walks the steps. Intermediate values live in a per-call
-list (dynamic shapes make their sizes known only at run time).
+list (dynamic shapes make their sizes known only at run time), each dropped after the last
+node that reads it, as planned at init.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Compiled:
     outputs: list[int]  # value ids by external id
     constants: dict[int, Any]
     steps: list[Step]
+    releases: list[tuple[int, ...]]  # per step, the values no later step reads
     num_values: int
 
     def run(self, args: list) -> list:
@@ -48,8 +50,10 @@ class Compiled:
             vals[i] = x
         for (i, value), x in zip(self.inputs, args):
             vals[i] = _bind_input(value, x)
-        for step in self.steps:
+        for step, dead in zip(self.steps, self.releases):
             step(vals)
+            for i in dead:  # free intermediates at their last use: peak memory is the live set's
+                vals[i] = None
         return [vals[i] for i in self.outputs]
 
 
@@ -225,8 +229,23 @@ def compile_graph(graph: Graph, named_data: Callable[[str], memoryview]) -> Comp
             if name.endswith("_id") and v != NO_VALUE:
                 g.check_id(v, f"node {k} ({node.kind}) field {name}")
         steps.append(BUILDERS[node.kind](node, g))
-    return Compiled([inputs[k] for k in sorted(inputs)], [outputs[k] for k in sorted(outputs)],
-                    g.constants, steps, len(graph.values))
+    output_ids = [outputs[k] for k in sorted(outputs)]
+    return Compiled([inputs[k] for k in sorted(inputs)], output_ids, g.constants, steps,
+                    _release_plan(graph.nodes, set(output_ids) | set(g.constants)), len(graph.values))
+
+
+def _release_plan(nodes: list[Node], keep: set[int]) -> list[tuple[int, ...]]:
+    """For each node, the values it is the last to touch (outputs and constants stay)."""
+    last: dict[int, int] = {}
+    for k, node in enumerate(nodes):
+        for name, v in node.fields.items():
+            if name.endswith("_id") and v != NO_VALUE:
+                last[v] = k
+    dead: list[list[int]] = [[] for _ in nodes]
+    for v, k in last.items():
+        if v not in keep:
+            dead[k].append(v)
+    return [tuple(d) for d in dead]
 
 
 class XnnpackBackend:
