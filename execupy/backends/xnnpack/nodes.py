@@ -80,6 +80,24 @@ def _with_fields(make: Callable[[Node, object], Callable[[np.ndarray], np.ndarra
     return build
 
 
+def _layout(make: Callable[[Node, object], Callable[[np.ndarray], np.ndarray]]):
+    """A node that only moves elements (transpose, reshape, slice): on the stored values
+    directly when input and output are stored alike (int8 with the same parameters, or the
+    same float type), so quantized data is not round-tripped through fp32."""
+
+    def build(node: Node, g) -> Step:
+        fn, src, out = make(node, g), node.fields["input_id"], node.fields["output_id"]
+        if not g.stored_alike(src, out) or node.output_min != -math.inf or node.output_max != math.inf:
+            return _unary(fn)(node, g)
+
+        def step(vals: list) -> None:
+            vals[out] = fn(vals[src])
+
+        return step
+
+    return build
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -493,9 +511,9 @@ BUILDERS: dict[str, Callable[[Node, object], Step]] = {
     "Clamp": _with_fields(_clamp_only),
     "LeakyReLU": _with_fields(_leaky_relu),
     "ELU": _with_fields(_elu),
-    "StaticTranspose": _with_fields(_transpose),
-    "StaticReshape": _with_fields(_reshape),
-    "StaticSlice": _with_fields(_slice),
+    "StaticTranspose": _layout(_transpose),
+    "StaticReshape": _layout(_reshape),
+    "StaticSlice": _layout(_slice),
     "StaticConstantPad": _with_fields(_pad),
     "GlobalAvgPooling2d": _with_fields(_global_avg_pool),
     "MaxPooling2d": _with_fields(_max_pool),

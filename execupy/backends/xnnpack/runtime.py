@@ -155,6 +155,17 @@ class GraphContext:
 
     # ------------------------------------------------------------ loading and storing
 
+    def stored_alike(self, a: int, b: int) -> bool:
+        """Values a and b hold their numbers the same way (datatype and quantization)."""
+        self.check_id(a, "node input")
+        self.check_id(b, "node output")
+        va, vb = self.values[a], self.values[b]
+        if va.datatype != vb.datatype or va.datatype == "qdint8":
+            return False
+        qa, qb = va.quant, vb.quant
+        return qa is None and qb is None or (qa is not None and qb is not None and qa.kind == qb.kind == "per_tensor"
+                                             and qa.scale == qb.scale and qa.zero_point == qb.zero_point)
+
     def loader(self, i: int) -> Callable[[list], np.ndarray]:
         """vals -> value i as an fp32 array (dequantized if quantized)."""
         self.check_id(i, "node input")
