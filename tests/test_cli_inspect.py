@@ -160,15 +160,6 @@ def test_run_errors_are_one_line(argv, message, capsys):
     assert rc == 1 and err.startswith("error: ") and message in err
 
 
-def test_run_on_a_delegated_program_names_the_missing_backend(capsys):
-    from execupy.runtime import get_backend
-
-    if get_backend("XnnpackBackend") is not None:
-        pytest.skip("an XNNPACK backend is registered")
-    rc = main(["run", str(case("xnnpack-linear").pte), "--random-inputs"])
-    assert rc == 1 and "XnnpackBackend" in capsys.readouterr().err
-
-
 def test_python_dash_m_execupy_help_and_error_exit():
     help_proc = subprocess.run([sys.executable, "-m", "execupy", "--help"], cwd=REPO, capture_output=True, text=True)
     assert help_proc.returncode == 0 and "inspect" in help_proc.stdout and "run" in help_proc.stdout

@@ -1,4 +1,5 @@
-"""XnnpackBackend on damaged payloads: a truncated payload or flipped bytes in its XNNGraph
+"""`execupy run` runs an ExecuTorch-written XNNPACK program as a user would. And XnnpackBackend
+on damaged payloads: a truncated payload or flipped bytes in its XNNGraph
 flatbuffer give a typed execupy error naming the delegate (MalformedProgramError for
 structure damage), never an IndexError or a crash; a program whose damage still decodes
 either runs or fails with an ExecupyError.
@@ -9,6 +10,8 @@ seeded random generator so a failure can be replayed from its seed and variant n
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,12 +21,24 @@ from execupy.errors import ExecupyError, MalformedProgramError
 from execupy.runtime import Program
 from execupy.runtime.backends import BackendContext
 
-from .conformance import cases, load_inputs
+from .conformance import cases, expected_outputs, load_inputs, mismatch
 
 CASES = {c.name: c for c in cases("xnnpack", "quant_xnnpack")}
 FUZZ_CASES = ["xnnpack-linear", "xnnpack-conv_bn_relu_pool", "quant_xnnpack-small_cnn", "xnnpack-llama_block"]
 VARIANTS_PER_CASE = 60
 SEED = 20261123
+
+
+def test_execupy_run_cli_runs_an_int8_xnnpack_program_as_executorch_does(tmp_path):
+    case = CASES["quant_xnnpack-mobilenet_v2_tiny"]
+    run = case.manifest["runs"][0]
+    proc = subprocess.run([sys.executable, "-m", "execupy", "run", str(case.pte), "--inputs",
+                           str(case.dir / run["inputs_file"]), "--save", str(tmp_path / "out.npz")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (expected,) = expected_outputs(case, run)
+    tol = case.manifest["tolerance"]
+    assert mismatch(np.load(tmp_path / "out.npz")["out0"], expected, tol["atol"], tol["rtol"]) is None
 
 
 def _payload(case) -> tuple[bytes, int, Program]:
