@@ -2,8 +2,7 @@
 runs through Module and matches the reference runtime's outputs."""
 import pytest
 
-from execupy.errors import MissingBackendError
-from execupy.runtime import Module, get_backend
+from execupy.runtime import Module
 
 from .conformance import cases, expected_outputs, flatten, load_inputs, mismatch
 
