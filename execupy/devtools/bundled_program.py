@@ -324,8 +324,8 @@ def compare_outputs(actual: Sequence[Any], expected: Sequence[Value], rtol: floa
         close = (diff <= atol + rtol * np.abs(e64))
         if not close.all():
             bad = int(np.argmax(~close.reshape(-1)))
-            problems.append(f"output {j} differs at flat index {bad}: got {a64.reshape(-1)[bad]!r}, "
-                            f"expected {e64.reshape(-1)[bad]!r}")
+            problems.append(f"output {j} differs at flat index {bad}: got {a64.reshape(-1)[bad]:.9g}, "
+                            f"expected {e64.reshape(-1)[bad]:.9g}")
     return not problems, worst, "; ".join(problems)
 
 
