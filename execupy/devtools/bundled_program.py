@@ -32,7 +32,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from ..errors import ExecupyError, InvalidInputError, MalformedProgramError
+from ..errors import ExecupyError, InvalidInputError, MalformedProgramError, MethodNotFoundError
 from ..fileio import atomic_write
 from ..schema import program as P
 from ..schema.reader import _Fb, _Table
@@ -91,7 +91,7 @@ class BundledProgram:
         for s in self.method_test_suites:
             if s.method_name == method_name:
                 return s
-        raise KeyError(method_name)
+        raise MethodNotFoundError(f"the bundle has no test suite for method {method_name!r}")
 
 
 def _as_value(x: Any, what: str) -> Value:
