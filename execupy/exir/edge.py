@@ -30,8 +30,9 @@ class EdgeCompileConfig:
 
     _check_ir_validity: check, at to_edge, transform and to_executorch, that every op has
         an execupy kernel. Turn it off to write programs for another runtime (ExecuTorch's)
-        or to inspect graphs whose kernels are still being written; ops with no out variant
-        still fail at to_executorch.
+        or to inspect graphs whose kernels are still being written; ops without a kernel
+        are still decomposed where torch can, and ops with no out variant still fail at
+        to_executorch.
     preserve_ops: ATen ops to keep as they are instead of decomposing them.
     """
 
@@ -40,13 +41,16 @@ class EdgeCompileConfig:
 
 
 def decompose(ep: ExportedProgram, config: EdgeCompileConfig) -> ExportedProgram:
-    """Core-ATen decomposition (torch's table), minus the ops the config preserves;
-    then the ops left without a kernel, decomposed further where torch knows how."""
+    """Core ATen, then the ops left without a kernel decomposed further where torch knows how."""
+    return decompose_ops_without_kernels(to_core_aten(ep, config), config)
+
+
+def to_core_aten(ep: ExportedProgram, config: EdgeCompileConfig) -> ExportedProgram:
+    """Core-ATen decomposition (torch's table), minus the ops the config preserves."""
     table = torch.export.default_decompositions()
     for op in config.preserve_ops:
         table.pop(op, None)
-    ep = _run_decompositions(ep, table)
-    return decompose_ops_without_kernels(ep, config)
+    return _run_decompositions(ep, table)
 
 
 def _run_decompositions(ep: ExportedProgram, table: Any) -> ExportedProgram:
