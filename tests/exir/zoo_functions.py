@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.export import Dim
 
 from .zoo import case, rand
 
@@ -593,3 +594,27 @@ class TensorBuilders(nn.Module):
 @case()
 def tensor_builders():
     return TensorBuilders(), (rand(3, 4),)
+
+
+# ---------------------------------------------------------------------------- decomposed ops in dynamic and branching graphs
+
+
+class DynamicNorm(nn.Module):
+    def forward(self, x):
+        return F.normalize(x, dim=0), torch.linalg.vector_norm(x, dim=-1), x.norm(p=1)
+
+
+@case(dynamic_shapes=({0: Dim("rows", min=1, max=16)},), more_inputs=lambda: [(rand(9, 5),), (rand(1, 5),)])
+def dynamic_vector_norm():
+    return DynamicNorm(), (rand(4, 5),)
+
+
+class NormInBranch(nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x / torch.linalg.vector_norm(x, dim=1, keepdim=True),
+                          lambda x: x - torch.linalg.matrix_norm(x), (x,))
+
+
+@case(more_inputs=lambda: [(-torch.rand(3, 4) - 0.1,), (torch.rand(3, 4) + 0.1,)])
+def vector_norm_in_cond_branch():
+    return NormInBranch(), (rand(3, 4),)
