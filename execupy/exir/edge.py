@@ -88,9 +88,10 @@ def _decompose_where_it_helps(ep: ExportedProgram, ops: list) -> ExportedProgram
     the decompositions that do not."""
     result = _try_decompose(ep, ops)
     if result is not None or len(ops) == 1:
-        return result or ep
+        return ep if result is None else result
     for op in ops:
-        ep = _try_decompose(ep, [op]) or ep
+        result = _try_decompose(ep, [op])
+        ep = ep if result is None else result
     return ep
 
 
