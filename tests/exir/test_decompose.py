@@ -112,3 +112,16 @@ def test_an_op_without_kernel_or_decomposition_is_refused_with_op_dtypes_and_lin
     unchecked = edge_ops(to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)))
     assert "execupy_test.opaque.default" in unchecked  # left for the check to refuse...
     assert not any("linalg_vector_norm" in op for op in unchecked)  # ...while the norm was decomposed
+
+
+class CumProdAndNorm(nn.Module):
+    def forward(self, x):
+        return torch.cumprod(x, dim=0), torch.linalg.vector_norm(x, dim=0)
+
+
+def test_one_decomposition_going_nowhere_does_not_hold_back_the_others(monkeypatch):
+    monkeypatch.delitem(KERNELS, "aten::cumprod.out", raising=False)
+    config = EdgeCompileConfig(_check_ir_validity=False)
+    ops = edge_ops(to_edge(export(CumProdAndNorm(), (torch.randn(3, 2),)), compile_config=config))
+    assert "aten.cumprod.default" in ops and not any("prims" in op for op in ops)
+    assert not any("linalg_vector_norm" in op for op in ops)
