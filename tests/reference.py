@@ -1,8 +1,11 @@
-"""Run a .pte in ExecuTorch's own runtime through ../shared/tools/reference_run.py.
+"""Run a .pte in ExecuTorch's own runtime, as an outside reference for the tests.
 
-The tool runs in its own virtual environment (built once under ~/.cache/execupy-reference)
-and is called as a subprocess, so executorch is never imported here. One call loads the
-program once and runs one method `calls` times with the same inputs.
+ExecuTorch lives in its own virtual environment (~/.cache/execupy-reference, or
+$EXECUPY_REFERENCE_VENV), built here on first use from the package index with the same
+pins as ../shared/tools/reference_run.py (so either builds the venv the other uses), and
+is only ever run as a subprocess: tests/reference_worker.py for one program, small
+workers for stepwise calls. Nothing here needs ../shared, so the reference tests run on a
+user's machine too.
 
 Set EXECUPY_SKIP_REFERENCE=1 to skip every test that needs it (e.g. offline, where the
 venv cannot be built).
@@ -19,8 +22,11 @@ from typing import Any, Optional, Sequence
 import ml_dtypes
 import numpy as np
 
-TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "reference_run.py"
-TIMEOUT_S = 600  # the first call may build the venv (a few minutes)
+WORKER = Path(__file__).resolve().parent / "reference_worker.py"
+VENV = Path(os.environ.get("EXECUPY_REFERENCE_VENV", Path.home() / ".cache" / "execupy-reference"))
+PINS = ["torch==2.13.0", "executorch==1.5.1"]
+TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 1800
 
 
 class ReferenceError(RuntimeError):
@@ -31,8 +37,6 @@ def skip_reason() -> Optional[str]:
     """Why reference tests cannot run here, or None when they can."""
     if os.environ.get("EXECUPY_SKIP_REFERENCE", "") not in ("", "0"):
         return "EXECUPY_SKIP_REFERENCE is set: not running ExecuTorch's reference runtime"
-    if not TOOL.is_file():
-        return f"reference tool not found at {TOOL}"
     return None
 
 
@@ -80,18 +84,20 @@ def run_reference(
             model = Path(pte)
         np.savez(tmp / "inputs.npz", **_input_arrays(inputs))
         out = tmp / "out.npz"
-        cmd = [sys.executable, str(TOOL), str(model), "--inputs", str(tmp / "inputs.npz"),
+        cmd = [str(reference_python()), str(WORKER), str(model), "--inputs", str(tmp / "inputs.npz"),
                "--out", str(out), "--method", method, "--calls", str(calls)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
         if proc.returncode != 0:
-            raise ReferenceError(f"reference_run exited {proc.returncode}: {_last_lines(proc.stderr)}")
+            raise ReferenceError(f"reference worker exited {proc.returncode}: {_last_lines(proc.stderr)}")
         return _outputs(out, calls)
 
 
 # Runs inside the reference venv: one loaded program, a sequence of calls with different
-# inputs (the state carries over), optionally with ExecuTorch's llama:: custom-op kernels.
+# inputs (the state carries over), with ExecuTorch's quantized_decomposed:: kernels and
+# optionally its llama:: custom-op kernels.
 _STEPS_WORKER = r"""
 import sys, numpy as np, torch
+import executorch.kernels.quantized  # registers the quantized_decomposed:: kernels
 if sys.argv[3] == "1":
     from executorch.extension.llm.custom_ops import custom_ops  # registers the llama:: kernels
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
@@ -108,20 +114,33 @@ np.savez(sys.argv[4], **outs)
 
 
 def reference_python() -> Path:
-    """The reference venv's python, built by the tool on first use."""
-    import importlib.util
+    """The reference venv's python, building the venv first if it is not there yet (once,
+    a few minutes; a lock keeps parallel test processes from building it twice)."""
+    import fcntl
 
-    spec = importlib.util.spec_from_file_location("reference_run", TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return Path(tool._ensure_venv())
+    python, ready = VENV / "bin" / "python", VENV / ".ready"
+    if ready.exists():
+        return python
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / f".{VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready.exists():
+            print(f"building ExecuTorch's reference venv at {VENV} ({' '.join(PINS)}), once", file=sys.stderr)
+            for cmd in ([sys.executable, "-m", "venv", str(VENV)],
+                        [str(python), "-m", "pip", "install", "-q", *PINS]):
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+                if proc.returncode != 0:
+                    raise ReferenceError(f"could not build the reference venv ({' '.join(cmd[:4])}...): "
+                                         f"{_last_lines(proc.stderr)}; set EXECUPY_SKIP_REFERENCE=1 offline")
+            ready.write_text(" ".join(PINS) + "\n")
+    return python
 
 
 def run_reference_steps(pte: os.PathLike | str, steps: Sequence[Sequence[np.ndarray]],
                         llama_ops: bool = False) -> list[list[np.ndarray]]:
     """Load `pte` once in ExecuTorch's runtime and call forward once per step, each with its
-    own inputs, in order (mutable state carries from call to call). `llama_ops` loads
-    ExecuTorch's llama:: custom-op kernels first. Returns each call's outputs."""
+    own inputs, in order (mutable state carries from call to call). ExecuTorch's quantized
+    kernels are always loaded; `llama_ops` loads its llama:: custom-op kernels too. Returns each call's outputs."""
     with tempfile.TemporaryDirectory(prefix="execupy-ref-") as tmp:
         arrays = {"steps": np.asarray(len(steps))}
         for k, inputs in enumerate(steps):

@@ -48,3 +48,18 @@ def test_sentencepiece_gguf_for_the_interop_loads_as_a_sentencepiece_tokenizer(t
     assert isinstance(tok, SentencePieceTokenizer) and tok.vocab_size == 4000
     text = "def f(x):\n    return x  # 🦙"
     assert tok.decode(tok.encode(text, bos=False), skip_special=False) == text
+
+
+def test_kernel_selection_bench_runs_on_the_example_program():
+    import os
+    import subprocess
+    import sys
+
+    repo = BENCH.parent
+    proc = subprocess.run([sys.executable, str(BENCH / "kernel_selection.py"), "--repeat", "1", "--program",
+                           str(repo / "execupy" / "examples" / "mlp.pte")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("mlp.pte")]
+    assert [row[1] for row in rows] == ["all", "selected"]
+    assert int(rows[1][2]) < int(rows[0][2])  # fewer kernel modules imported under the list

@@ -1,7 +1,9 @@
 """`execupy inspect` and `execupy run` on real programs, damaged files and bad arguments.
 
-Expected facts come from each case's manifest (written by ExecuTorch's toolchain), not
-from our own reader.
+Each test runs on ExecuTorch's program (../shared, where present) and on our own
+exporter's program of the same kind (tests/programs.py). Expected facts come from each
+case's manifest (written by ExecuTorch's toolchain, or from our exporter's in-memory
+program), not from our own reader.
 """
 import json
 import subprocess
@@ -14,16 +16,11 @@ import pytest
 from execupy.cli import main
 from execupy.devtools.summary import format_summary, summarize
 
-from .conformance import CORPUS, cases, expected_outputs, load_inputs, mismatch
-
-pytestmark = pytest.mark.skipif(not CORPUS.exists(), reason="conformance corpus ../shared/conformance not present")
+from .conformance import expected_outputs, load_inputs, mismatch, named, program_name, topic
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def case(name: str):
-    (c,) = [c for c in cases() if c.name == name]
-    return c
+MULTI = topic("multi_method")
+LLAMA = topic("llama_block")
 
 
 def inspect_json(path, capsys) -> tuple[int, dict]:
@@ -31,9 +28,10 @@ def inspect_json(path, capsys) -> tuple[int, dict]:
     return rc, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("name", ["portable-multi_method", "xnnpack-mixed_partition", "portable-dynamic_batch_seq"])
-def test_inspect_json_agrees_with_the_manifest(name, capsys):
-    c = case(name)
+@pytest.mark.parametrize("c", named("portable-multi_method", "xnnpack-mixed_partition", "portable-dynamic_batch_seq",
+                                     "execupy-multi_method", "execupy-mixed_partition", "execupy-dynamic_batch_seq"),
+                         ids=program_name)
+def test_inspect_json_agrees_with_the_manifest(c, capsys):
     rc, info = inspect_json(c.pte, capsys)
     assert rc == 0 and info["problems"] == []
     assert info["size"] == c.manifest["pte_bytes"]
@@ -54,28 +52,36 @@ def test_inspect_json_agrees_with_the_manifest(name, capsys):
     assert [i["dynamic"] for i in main_method["inputs"]] == [i["name"] in dynamic for i in tensor_inputs]
 
 
-def test_operator_counts_add_up_to_kernel_calls(capsys):
-    rc, info = inspect_json(case("portable-llama_block").pte, capsys)
+@pytest.mark.parametrize("c", LLAMA, ids=program_name)
+def test_operator_counts_add_up_to_kernel_calls(c, capsys):
+    rc, info = inspect_json(c.pte, capsys)
     (m,) = info["methods"]
     assert sum(m["operators"].values()) == m["instruction_kinds"]["KernelCall"]
     assert m["planned_memory"] and all(a["bytes"] > 0 for a in m["planned_memory"])
     assert m["constant_tensors"] > 0 and info["constants"]["bytes"] >= m["constant_tensor_bytes"]
 
 
-def test_delegates_report_payload_sizes_and_named_data(capsys):
-    rc, info = inspect_json(case("xnnpack-linear").pte, capsys)
+# (program, whether its delegates read named data): XNNPACK keeps weights there, our backend in its payload.
+DELEGATED = [(c, c.by_executorch) for c in named("xnnpack-linear", "execupy-mixed_partition")]
+
+
+@pytest.mark.parametrize("c, has_named_data", DELEGATED, ids=[c.name for c, _ in DELEGATED])
+def test_delegates_report_payload_sizes_and_named_data(c, has_named_data, capsys):
+    rc, info = inspect_json(c.pte, capsys)
     (m,) = info["methods"]
     assert m["delegates"] and all(d["payload_bytes"] > 0 for d in m["delegates"])
     segment_sizes = {s["index"]: s["size"] for s in info["segments"]}
     for d in m["delegates"]:
         if d["location"] == "segment":
             assert d["payload_bytes"] == segment_sizes[d["data_index"]]
-    assert info["named_data"] and all(n["bytes"] == segment_sizes[n["segment_index"]] for n in info["named_data"])
+    assert bool(info["named_data"]) == has_named_data
+    assert all(n["bytes"] == segment_sizes[n["segment_index"]] for n in info["named_data"])
     assert info["header"]["extended_header"]["segment_base_offset"] % 128 == 0
 
 
-def test_text_summary_names_methods_operators_and_memory(capsys):
-    rc = main(["inspect", str(case("portable-multi_method").pte)])
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
+def test_text_summary_names_methods_operators_and_memory(c, capsys):
+    rc = main(["inspect", str(c.pte)])
     text = capsys.readouterr().out
     assert rc == 0
     for fragment in ("method 'encode'", "method 'decode'", "aten::addmm.out", "planned memory: arena 1", "ET12"):
@@ -92,9 +98,10 @@ def test_text_summary_names_methods_operators_and_memory(capsys):
     ],
     ids=["truncated", "empty", "zip file", "bad header"],
 )
-def test_inspect_reports_problems_of_broken_files(damage, message, tmp_path, capsys):
+@pytest.mark.parametrize("c", named("portable-lstm", "execupy-llama_block"), ids=program_name)
+def test_inspect_reports_problems_of_broken_files(c, damage, message, tmp_path, capsys):
     path = tmp_path / "broken.pte"
-    path.write_bytes(damage(case("portable-lstm").pte.read_bytes()))
+    path.write_bytes(damage(c.pte.read_bytes()))
     rc = main(["inspect", str(path)])
     out = capsys.readouterr().out
     assert rc == 1
@@ -114,10 +121,11 @@ def test_inspect_missing_file(capsys):
     assert "No such file" in capsys.readouterr().out
 
 
-def test_inspect_load_flag_loads_every_method(capsys):
-    rc, info = inspect_json(case("portable-multi_method").pte, capsys)
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
+def test_inspect_load_flag_loads_every_method(c, capsys):
+    rc, info = inspect_json(c.pte, capsys)
     assert all("loads" not in m for m in info["methods"])
-    main(["inspect", str(case("portable-multi_method").pte), "--json", "--load"])
+    main(["inspect", str(c.pte), "--json", "--load"])
     info = json.loads(capsys.readouterr().out)
     assert all(m["loads"] for m in info["methods"]) and info["warnings"] == []
 
@@ -125,8 +133,8 @@ def test_inspect_load_flag_loads_every_method(capsys):
 # ---------------------------------------------------------------------------- run
 
 
-def test_run_with_case_inputs_saves_the_reference_outputs(tmp_path, capsys):
-    c = case("portable-llama_block")
+@pytest.mark.parametrize("c", LLAMA, ids=program_name)
+def test_run_with_case_inputs_saves_the_reference_outputs(c, tmp_path, capsys):
     run = c.manifest["runs"][0]
     inputs = load_inputs(c, run)
     np.savez(tmp_path / "in.npz", **{f"in{k}": x for k, x in enumerate(inputs)})
@@ -140,8 +148,9 @@ def test_run_with_case_inputs_saves_the_reference_outputs(tmp_path, capsys):
         assert mismatch(saved[f"out{k}"], expected, c.manifest["tolerance"]["atol"], c.manifest["tolerance"]["rtol"]) is None
 
 
-def test_run_random_inputs_on_a_named_method(capsys):
-    rc = main(["run", str(case("portable-multi_method").pte), "--method", "encode", "--random-inputs"])
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
+def test_run_random_inputs_on_a_named_method(c, capsys):
+    rc = main(["run", str(c.pte), "--method", "encode", "--random-inputs"])
     out = capsys.readouterr().out
     assert rc == 0 and "output 0: float32 [3, 4]" in out
 
@@ -154,18 +163,20 @@ def test_run_random_inputs_on_a_named_method(capsys):
         (["--random-inputs", "--repeat", "0"], "--repeat must be at least 1"),
     ],
 )
-def test_run_errors_are_one_line(argv, message, capsys):
-    rc = main(["run", str(case("portable-multi_method").pte), *argv])
+@pytest.mark.parametrize("c", MULTI, ids=program_name)
+def test_run_errors_are_one_line(c, argv, message, capsys):
+    rc = main(["run", str(c.pte), *argv])
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("error: ") and message in err
 
 
-def test_run_on_a_delegated_program_names_the_missing_backend(capsys):
+@pytest.mark.parametrize("c", named("xnnpack-linear", "execupy-unknown_backend"), ids=program_name)
+def test_run_on_a_delegated_program_names_the_missing_backend(c, capsys):
     from execupy.runtime import get_backend
 
     if get_backend("XnnpackBackend") is not None:
         pytest.skip("an XNNPACK backend is registered")
-    rc = main(["run", str(case("xnnpack-linear").pte), "--random-inputs"])
+    rc = main(["run", str(c.pte), "--random-inputs"])
     assert rc == 1 and "XnnpackBackend" in capsys.readouterr().err
 
 

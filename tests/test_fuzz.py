@@ -1,6 +1,7 @@
 """Hostile input: mutated and truncated real programs never crash the runtime or `inspect`.
 
-Every variant is a conformance (or design-sample) `.pte` with a few seeded damages:
+Every variant is a conformance (or design-sample) `.pte` with a few seeded damages (our
+own exporter's programs always, ExecuTorch's too where ../shared is present):
 bit flips, u32/u64 fields overwritten with extreme values, byte ranges zeroed or
 duplicated, truncation, and structure-aware edits (decode the program, set one
 field or list to an extreme value, write it back with the schema writer, so the
@@ -39,7 +40,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import pytest
 
-from .conformance import CORPUS, SAMPLES, cases, load_inputs
+from . import programs
+from .conformance import cases, load_inputs, named, program_name, samples
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = int(os.environ.get("EXECUPY_FUZZ_VARIANTS", "3000"))
@@ -68,10 +70,10 @@ def seeds() -> list[Seed]:
     for case in cases():
         run = case.manifest["runs"][0]
         out.append(Seed(case.name, case.pte.read_bytes(), run["method"], load_inputs(case, run)))
-    for path in sorted(SAMPLES.glob("*.pte")):
-        data = path.read_bytes()
+    for sample in samples():
+        data = sample.pte.read_bytes()
         method, inputs = _meta_inputs(data)
-        out.append(Seed("sample-" + path.stem, data, method, inputs))
+        out.append(Seed("sample-" + sample.name, data, method, inputs))
     return out
 
 
@@ -380,13 +382,10 @@ def replay(spec: str) -> None:
 
 # ---------------------------------------------------------------------------- tests
 
-pytestmark = pytest.mark.skipif(not CORPUS.exists(), reason="conformance corpus ../shared/conformance not present")
-
-
 @pytest.fixture(scope="module")
 def fuzz_result(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("fuzz") / "result.json"
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = programs.child_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.test_fuzz", "worker", str(VARIANTS), str(SEED), str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
@@ -423,9 +422,10 @@ def test_inspect_reports_on_damaged_programs(fuzz_result):
     assert seen.get("cli rc=1", 0) > 0, seen
 
 
-def test_inspect_cli_process_on_truncated_file_has_no_traceback(tmp_path):
+@pytest.mark.parametrize("case", named("portable-lstm", "execupy-llama_block"), ids=program_name)
+def test_inspect_cli_process_on_truncated_file_has_no_traceback(case, tmp_path):
     path = tmp_path / "cut.pte"
-    path.write_bytes((CORPUS / "portable-lstm" / "model.pte").read_bytes()[:3000])
+    path.write_bytes(case.pte.read_bytes()[:3000])
     proc = subprocess.run([sys.executable, "-m", "execupy", "inspect", str(path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1

@@ -4,8 +4,9 @@ The boundary is in the paths: a module may import torch only when a folder or fi
 its path is named for the torch side (TORCH_SIDE: `exir/`, `llm/export/`,
 `backends/<name>/aot.py`, `quantization/`). A child interpreter installs a meta-path
 finder that refuses `torch`, `executorch` and their submodules (and records who asked),
-walks execupy/ and imports every other module, then runs conformance programs through
-Module and checks their outputs against ExecuTorch's.
+walks execupy/ and imports every other module, then runs conformance programs (ExecuTorch's
+where ../shared is present, and our own exporter's, built beforehand by tests/programs.py)
+through Module and checks their outputs against the expected ones.
 
 A second test reads the imports of every module (without running them) and checks that
 the layers import only downward: schema -> kernels -> runtime -> the rest.
@@ -17,14 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from .conformance import CORPUS
+from . import programs
+from .conformance import named
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Folder and module names that mark the torch side of the package.
 TORCH_SIDE = ("exir", "export", "aot", "quantization")
 
-CASES = ["portable-add_sub_mul_div_broadcast", "portable-nested_outputs", "portable-llama_block"]
+CASES = [c.name for c in named(
+    "portable-add_sub_mul_div_broadcast", "portable-nested_outputs", "portable-llama_block",
+    "execupy-add_sub_mul_div_broadcast", "execupy-nested_outputs", "execupy-llama_block", "execupy-mixed_partition")]
 
 CHILD = r'''
 import importlib, importlib.abc, json, pathlib, sys, traceback
@@ -98,7 +102,7 @@ print(json.dumps({"blocker_works": blocker_works, "modules": modules, "failed": 
 @pytest.fixture(scope="module")
 def child() -> dict:
     proc = subprocess.run([sys.executable, "-c", CHILD, ",".join(TORCH_SIDE), *CASES], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=programs.child_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -115,7 +119,6 @@ def test_runtime_modules_import_without_torch(child):
         assert name in imported
 
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="conformance corpus ../shared/conformance not present")
 def test_conformance_programs_run_without_torch(child):
     assert set(child["results"]) == set(CASES), "some cases were not run"
     for name, problems in child["results"].items():

@@ -173,7 +173,7 @@ def _named_data(program) -> list[dict[str, Any]]:
 def _method(program, plan: P.ExecutionPlan, info: dict, load: bool) -> dict[str, Any]:
     name = plan.name
     m: dict[str, Any] = {"name": name, "num_values": len(plan.values)}
-    instructions = plan.chains[0].instructions if plan.chains else []
+    instructions = plan.instructions
     m["num_instructions"] = len(instructions)
     m["inputs"] = [_value(plan, i) for i in plan.inputs]
     m["outputs"] = [_value(plan, i) for i in plan.outputs]
@@ -206,9 +206,8 @@ def _value(plan: P.ExecutionPlan, i: int) -> dict[str, Any]:
             dtype = f"unknown scalar type {v.scalar_type}"
         return {"kind": "tensor", "index": i, "dtype": dtype, "shape": list(v.sizes),
                 "dynamic": v.shape_dynamism != 0}
-    fields = {P.Int: "int_val", P.Double: "double_val", P.Bool: "bool_val", P.String: "string_val"}
-    if type(v) in fields:
-        return {"kind": type(v).__name__.lower(), "index": i, "value": getattr(v, fields[type(v)])}
+    if P.is_scalar(v):
+        return {"kind": type(v).__name__.lower(), "index": i, "value": P.scalar_value(v)}
     return {"kind": type(v).__name__, "index": i}
 
 

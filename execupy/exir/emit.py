@@ -1,10 +1,10 @@
-"""Emission: an edge ExportedProgram -> an ExecutionPlan (pte-format §3).
+"""Emission: an edge ExportedProgram -> an ExecutionPlan (docs/format.md §11-§22).
 
-`MethodEmitter` walks the graph once, in node order, appending values (§3.3) and
-instructions (§3.6) as it meets them: placeholders first (constants, mutable state,
+`MethodEmitter` walks the graph once, in node order, appending values (docs/format.md §11) and
+instructions (docs/format.md §13) as it meets them: placeholders first (constants, mutable state,
 user inputs), then for every call its output tensors, its argument values and one
 KernelCall on its out variant. Mutated buffers are written back with `aten::copy_` at
-the end of the chain (§3.11); `torch.cond` is inlined with jumps and moves (§3.12).
+the end of the chain (docs/format.md §18); `torch.cond` is inlined with jumps and moves (docs/format.md §19).
 Planned tensors get a `Storage` whose lifetime is recorded as instructions are
 written; memory_planning places them once the chain is complete.
 """
@@ -58,14 +58,14 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def treespec_json(spec: pytree.TreeSpec) -> str:
-    """torch's JSON pytree serialization, as the reference stores it (§3.8)."""
+    """torch's JSON pytree serialization, as the reference stores it (docs/format.md §22)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return pytree.treespec_dumps(spec)
 
 
 class DataList:
-    """A program-wide list of data blobs, entry 0 reserved (§1.5, §1.6)."""
+    """A program-wide list of data blobs, entry 0 reserved (docs/format.md §6, §7)."""
 
     def __init__(self, dedup: bool):
         self.blobs: list[bytes] = []
@@ -132,26 +132,19 @@ class MethodEmitter:
         return self._tensor(tensor, planned=False, data_idx=self.constants.add(tensor_bytes(tensor)))
 
     def _scalar(self, v: Any) -> int:
-        if isinstance(v, bool):
-            return self._add(P.Bool(v))
-        if isinstance(v, int):
-            return self._add(P.Int(v))
-        if isinstance(v, float):
-            return self._add(P.Double(v))
-        if isinstance(v, str):
-            return self._add(P.String(v))
+        value = P.scalar_evalue(v)
         if isinstance(v, torch.dtype):
-            return self._add(P.Int(scalar_type(v)))
-        if isinstance(v, torch.layout):
-            return self._add(P.Int(0 if v == torch.strided else 1))
-        if isinstance(v, torch.memory_format):
-            return self._add(P.Int(MEMORY_FORMATS.get(v, 0)))
-        if v is None:
-            return self._add(P.Null())
-        raise ExportError(f"cannot encode argument {v!r} of type {type(v).__name__}")
+            value = P.Int(scalar_type(v))
+        elif isinstance(v, torch.layout):
+            value = P.Int(0 if v == torch.strided else 1)
+        elif isinstance(v, torch.memory_format):
+            value = P.Int(MEMORY_FORMATS.get(v, 0))
+        if value is None:
+            raise ExportError(f"cannot encode argument {v!r} of type {type(v).__name__}")
+        return self._add(value)
 
     def _placeholder_scalar(self, val: Any) -> int:
-        """A value a symbolic op overwrites at run time (§3.6: Int 0 / Bool false / Double 0.0)."""
+        """A value a symbolic op overwrites at run time (docs/format.md §13: Int 0 / Bool false / Double 0.0)."""
         if isinstance(val, (torch.SymBool, bool)):
             return self._add(P.Bool(False))
         if isinstance(val, (torch.SymFloat, float)):
@@ -171,7 +164,7 @@ class MethodEmitter:
         return self._constant(torch.tensor(number, dtype=dtype))
 
     def _arg(self, v: Any, jit_type: Any, env: Env, node: torch.fx.Node) -> int:
-        """Value index for one argument, creating values for non-node arguments (§3.6)."""
+        """Value index for one argument, creating values for non-node arguments (docs/format.md §13)."""
         if isinstance(jit_type, torch.OptionalType):
             if v is None:
                 return self._add(P.Null())
@@ -182,7 +175,7 @@ class MethodEmitter:
                 raise unsupported(node, f"takes the multi-output node {v.name} as one argument")
             return idx
         if isinstance(jit_type, torch.TensorType):
-            if v is None:  # None for a plain Tensor argument: an empty tensor (§3.6)
+            if v is None:  # None for a plain Tensor argument: an empty tensor (docs/format.md §13)
                 return self._add(P.Tensor(scalar_type=ST.BYTE, sizes=[0], dim_order=[0]))
             if isinstance(v, (int, float, bool)):
                 return self._lift(v, node)
@@ -205,7 +198,7 @@ class MethodEmitter:
             return self._add(P.DoubleList([float(x) for x in items]))
         if isinstance(elem, torch.BoolType) or (elem is None and items and all(type(x) is bool for x in items)):
             return self._add(P.BoolList([bool(x) for x in items]))
-        # int / SymInt lists: one Int value per element, then the IntList (§3.6).
+        # int / SymInt lists: one Int value per element, then the IntList (docs/format.md §13).
         refs = [self._arg(x, None, env, node) if isinstance(x, torch.fx.Node) else self._add(P.Int(int(x)))
                 for x in items]
         return self._add(P.IntList(refs))
@@ -281,7 +274,7 @@ class MethodEmitter:
 
     def _emit_static_view(self, node: torch.fx.Node, env: Env) -> bool:
         """A static view of a planned tensor that no graph returns is just another Tensor
-        value over its base's bytes: no instruction (§3.7). Returns False when it is not one."""
+        value over its base's bytes: no instruction (docs/format.md §14). Returns False when it is not one."""
         base = node.args[0]
         val = node.meta.get("val")
         if (node.target not in VIEW_OPS or not isinstance(base, torch.fx.Node) or env.get(base) not in self.storages
@@ -303,7 +296,7 @@ class MethodEmitter:
         outs = self._outputs(node)
         env[node] = outs
         out_list = outs if isinstance(outs, list) else [outs]
-        if ov.kind == "dim_order":  # (self, *, non_blocking, dim_order, out) -> out  (§3.7)
+        if ov.kind == "dim_order":  # (self, *, non_blocking, dim_order, out) -> out  (docs/format.md §14)
             rank = len(node.meta["val"].shape)
             dim_order = self._add(P.IntList([self._add(P.Int(d)) for d in range(rank)]))
             args = [self._arg(node.args[0], None, env, node),
@@ -328,7 +321,7 @@ class MethodEmitter:
                 args.append(self._arg(a.default_value, a.type, env, node))
             else:
                 raise unsupported(node, f"gives no value for argument {a.name!r} of {ov.key}")
-        # The return slot (§3.6): the out tensor again, or a TensorList of the outs.
+        # The return slot (docs/format.md §13): the out tensor again, or a TensorList of the outs.
         if list_out or len(out_list) > 1:
             args.append(self._add(P.TensorList(list(out_list))))
         else:
@@ -380,7 +373,7 @@ class MethodEmitter:
         for r, dst in zip(pytree.tree_leaves(result.args[0]), outs):
             src = self._arg(r, None, env, result)
             self._instr(P.MoveCall(src, dst), [src, dst])
-            # MoveCall moves the handle (§3.12): dst then reads src's bytes, so a result
+            # MoveCall moves the handle (docs/format.md §19): dst then reads src's bytes, so a result
             # computed in this branch shares dst's storage, and anything else must outlive dst.
             if src in self.storages and dst in self.storages:
                 if src >= first_value and src not in merged:
@@ -416,7 +409,7 @@ class MethodEmitter:
             else:
                 raise ExportError(f"method {self.name!r}: output kind {spec.kind.name} is not supported "
                                   f"(e.g. mutating a user input in place); return the new value instead")
-        for buf, new in writebacks:  # §3.11: copy the new state into the buffer, last
+        for buf, new in writebacks:  # docs/format.md §18: copy the new state into the buffer, last
             if new == buf:  # written in place by an op that mutates its argument (llama::update_cache)
                 continue
             self._kernel("aten::copy_", "", [buf, new, self._add(P.Bool(False)), buf])
@@ -444,7 +437,7 @@ class MethodEmitter:
             if isinstance(val, torch.Tensor):
                 idx = self._tensor(val, planned=True)
                 self.storages[idx].touch(-1)
-            else:  # ints/floats/bools are specialised by export and baked in (§3.5)
+            else:  # ints/floats/bools are specialised by export and baked in (docs/format.md §12)
                 idx = self._scalar(val)
             inputs.append(idx)
             return idx
@@ -452,7 +445,7 @@ class MethodEmitter:
             target = spec.target
             tensor = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
             if spec.kind == InputKind.BUFFER and target in mutated:
-                # Mutable state: planned, alive for the whole program, initial value serialized (§1.6).
+                # Mutable state: planned, alive for the whole program, initial value serialized (docs/format.md §7).
                 idx = self._tensor(tensor, planned=True, data_idx=self.mutable.add(tensor_bytes(tensor)))
                 self.storages[idx].touch(-1)
                 self.storages[idx].touch(mp.FOREVER)
@@ -468,26 +461,9 @@ class MethodEmitter:
 
 
 def emit_constant_method(name: str, value: Any, constants: DataList) -> P.ExecutionPlan:
-    """A constant method: a plan with no instructions returning its values (§3.14)."""
+    """A constant method: a plan with no instructions returning its values (docs/format.md §21)."""
     leaves, spec = pytree.tree_flatten(value)
-    values: list[P.EValue] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            values.append(P.Tensor(
-                scalar_type=scalar_type(leaf.dtype), sizes=list(leaf.shape), dim_order=list(range(leaf.dim())),
-                data_buffer_idx=constants.add(tensor_bytes(leaf))))
-        elif isinstance(leaf, bool):
-            values.append(P.Bool(leaf))
-        elif isinstance(leaf, int):
-            values.append(P.Int(leaf))
-        elif isinstance(leaf, float):
-            values.append(P.Double(leaf))
-        elif isinstance(leaf, str):
-            values.append(P.String(leaf))
-        elif isinstance(leaf, torch.dtype):
-            values.append(P.Int(scalar_type(leaf)))
-        else:
-            raise ExportError(f"constant method {name!r}: cannot store a {type(leaf).__name__}")
+    values = [_constant_value(name, leaf, constants) for leaf in leaves]
     return P.ExecutionPlan(
         name=name,
         container_meta_type=P.ContainerMetadata("", treespec_json(spec)),
@@ -500,3 +476,15 @@ def emit_constant_method(name: str, value: Any, constants: DataList) -> P.Execut
         non_const_buffer_sizes=[0],
     )
 
+
+def _constant_value(method: str, leaf: Any, constants: DataList) -> P.EValue:
+    """One returned leaf of a constant method: a constant tensor, a dtype code or a Python scalar."""
+    if isinstance(leaf, torch.Tensor):
+        return P.Tensor(scalar_type=scalar_type(leaf.dtype), sizes=list(leaf.shape),
+                        dim_order=list(range(leaf.dim())), data_buffer_idx=constants.add(tensor_bytes(leaf)))
+    if isinstance(leaf, torch.dtype):
+        return P.Int(scalar_type(leaf))
+    value = None if leaf is None else P.scalar_evalue(leaf)
+    if value is None:
+        raise ExportError(f"constant method {method!r}: cannot store a {type(leaf).__name__}")
+    return value

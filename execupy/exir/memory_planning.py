@@ -2,11 +2,11 @@
 
 The emitter creates a `Storage` for every planned tensor and records, as it writes
 instructions, the first and last instruction index that touches it. Two storages may
-be *merged* (they must share bytes: a cond branch result and the cond output, §3.12)
+be *merged* (they must share bytes: a cond branch result and the cond output, docs/format.md §19)
 or *linked* (one must outlive another: a tensor whose handle is moved into a value
 that is used later). Planning then places storages, largest first, at the lowest
 16-byte-aligned offset where no storage with an overlapping lifetime sits
-(pte-format §3.9: any plan where live tensors do not overlap is valid).
+(docs/format.md §15: any plan where live tensors do not overlap is valid).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Graph passes and operator facts the emitter relies on.
 
 * `remove_noops`: drop asserts, `detach`, same-dtype `_to_copy` and full-range slices
-  (pte-format §3.7: they leave no instruction in the reference either).
-* `resolve_out_variant`: the out-variant kernel an ATen node runs as (§3.4, §3.6):
+  (docs/format.md §14: they leave no instruction in the reference either).
+* `resolve_out_variant`: the out-variant kernel an ATen node runs as (docs/format.md §13):
   views become their `*_copy` op, casts and clones the `dim_order_ops` kernels, and
   every functional overload its `.out`-style sibling found by schema.
-* `sym_upper_bound`: the largest value a symbolic size can take (§3.15).
+* `sym_upper_bound`: the largest value a symbolic size can take (docs/format.md §16).
 * `source_line` / `describe_node`: where a node came from, for error messages.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ ASSERT_OPS = {
     aten.sym_constrain_range_for_size.default,
 }
 
-# Python-level symbolic arithmetic in exported graphs -> executorch_prim::<name>.Scalar (§3.4).
+# Python-level symbolic arithmetic in exported graphs -> executorch_prim::<name>.Scalar (docs/format.md §13).
 SYM_OPS: dict[Any, str] = {
     operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv",
     operator.truediv: "truediv", operator.mod: "mod", operator.eq: "eq", operator.gt: "gt",
@@ -57,7 +57,7 @@ class OutVariant:
     name: str  # Operator.name, e.g. "aten::add"
     overload: str  # Operator.overload, e.g. "out" ("" = default overload)
     schema: Any  # torch FunctionSchema of the out variant (None for dim_order ops)
-    kind: str = "aten"  # "aten" | "dim_order" (casts and clones, §3.7)
+    kind: str = "aten"  # "aten" | "dim_order" (casts and clones, docs/format.md §14)
 
     @property
     def key(self) -> str:

@@ -17,6 +17,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from ..errors import ExportError
+from ..fileio import atomic_write
 from ..schema import program as P
 from .edge import EdgeCompileConfig, as_method_dict, check_kernels, check_supported_nodes, to_edge_program
 from .emit import DataList, MethodEmitter, emit_constant_method
@@ -110,7 +111,7 @@ class EdgeProgramManager:
         constants, mutable = DataList(dedup=True), DataList(dedup=False)
         payloads: list[bytes] = []  # delegate payloads, one segment each
         plans, summary = [], {}
-        for name in sorted(self._programs):  # §3.2: methods sorted by name
+        for name in sorted(self._programs):  # docs/format.md §12: methods sorted by name
             ep = self._programs[name]
             if self.compile_config._check_ir_validity:
                 check_kernels(ep, name)
@@ -170,8 +171,8 @@ class ExecutorchProgramManager:
         return self._programs[method_name]
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        with open(path, "wb") as f:
-            f.write(self._buffer)
+        """Write the .pte; an interrupted save leaves the previous file at `path` as it was."""
+        atomic_write(path, self._buffer)
 
     def write_to_file(self, f) -> None:
         f.write(self._buffer)

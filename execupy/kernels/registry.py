@@ -32,7 +32,10 @@ from typing import Any, Callable, Optional
 Kernel = Callable[..., Any]
 
 KERNELS: dict[str, Kernel] = {}
+# Which module's import registered each key (what a kernel list records, see selection.py).
+ORIGINS: dict[str, str] = {}
 _loaded = False
+_importing: Optional[str] = None  # the kernel module being imported by _load_builtin_kernels
 
 
 def register_kernel(*keys: str, override: bool = False) -> Callable[[Kernel], Kernel]:
@@ -43,16 +46,33 @@ def register_kernel(*keys: str, override: bool = False) -> Callable[[Kernel], Ke
             if key in KERNELS and not override and KERNELS[key] is not fn:
                 raise ValueError(f"kernel {key} registered twice ({KERNELS[key].__module__} and {fn.__module__})")
             KERNELS[key] = fn
+            ORIGINS[key] = _importing or fn.__module__
         return fn
 
     return wrap
 
 
 def _load_builtin_kernels() -> None:
+    """Import the kernel modules once: all built-in ones, or those of the active kernel list."""
     global _loaded
     if not _loaded:
         _loaded = True
-        from .. import kernels  # noqa: F401  (registers on import)
+        from .selection import modules_to_import
+
+        for name in modules_to_import():
+            import_kernel_module(name)
+
+
+def import_kernel_module(name: str) -> None:
+    """Import one kernel module, recording it as the origin of the keys it registers."""
+    import importlib
+
+    global _importing
+    outer, _importing = _importing, _importing or name
+    try:
+        importlib.import_module(name)
+    finally:
+        _importing = outer
 
 
 def get_kernel(key: str) -> Optional[Kernel]:

@@ -2,6 +2,7 @@
 
     execupy export-llm --gguf model.gguf [--max-seq-len 512] -o model.pte
     execupy generate model.pte --prompt "Hello" [--temperature 0.7 --top-p 0.9 --seed 1] [--stats]
+    execupy generate model.pte --raw --prompt $'<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
     execupy chat model.pte
 
 Generated text goes to stdout only; progress, statistics and logs go to stderr. Nothing
@@ -10,6 +11,7 @@ here imports torch at module level: only export-llm needs it, and imports it whe
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -77,14 +79,21 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text with an exported LLM (.pte)",
                        description="Complete a prompt with an exported LLM. Instruct models (those with a chat "
-                       "template) get the prompt as a user message unless --raw. Text is streamed to stdout.")
+                       "template) get the prompt as a user message unless --raw. Text is streamed to stdout. "
+                       "Special tokens the model generates (such as <|im_start|>) print nothing, unless --raw; "
+                       "an end-of-sequence token ends generation (unless --ignore-eos) and is not printed.")
     p.add_argument("model", help="the .pte from export-llm")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop once the generated text contains TEXT (repeatable)")
-    p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    p.add_argument("--raw", action="store_true",
+                   help="raw in, raw out: tokenize the prompt as written, special tokens such as <|im_start|> "
+                        "included, without the chat template; print generated special tokens as their text")
+    p.add_argument("--print-token-ids", action="store_true",
+                   help='print {"prompt_ids": [...], "generated_ids": [...]} as one JSON line on stderr '
+                        "(to check tokenization)")
     _add_sampling(p)
     p.set_defaults(func=cmd_generate)
 
@@ -128,9 +137,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampler = Sampler(_sampler_config(args))
     runner = LLMRunner(args.model, args.tokenizer)
     chat = bool(runner.tokenizer.chat_template) and not args.raw
-    runner.generate(args.prompt, args.max_new_tokens, sampler, chat=chat, ignore_eos=args.ignore_eos,
-                    callback=_stream, stop=args.stop)
+    prompt_ids = runner.encode_prompt(args.prompt, chat=chat)
+    new = runner.generate_tokens(prompt_ids, args.max_new_tokens, sampler, ignore_eos=args.ignore_eos,
+                                 callback=_stream, stop=args.stop, special_text=args.raw)
     sys.stdout.write("\n")
+    if args.print_token_ids:
+        print(json.dumps({"prompt_ids": prompt_ids, "generated_ids": new}), file=sys.stderr)
     _print_stats(args, runner.stats)
     return 0
 

@@ -29,14 +29,74 @@ with ``interleaved_to_half`` so one model serves all three formats.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from execupy.errors import CheckpointError  # noqa: F401  (re-exported)
+from execupy.errors import CheckpointError, TokenizerError
 
 ARCHS = ("llama", "gpt2")
+_REQUIRED = object()
+# Kinds of config value ``config_value`` checks: a predicate and how to say what was expected.
+_KINDS = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+              "a finite number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def config_value(source: Mapping[str, Any], key: str, kind: str, default: Any = _REQUIRED) -> Any:
+    """``source[key]`` (a config.json, params.json or GGUF metadata value) checked to be of
+    ``kind`` ("int": positive, "float": finite, "str", "bool"); ``default`` when absent or null."""
+    value = source.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise CheckpointError(f"{key} is missing")
+        return default
+    ok, expected = _KINDS[kind]
+    if not ok(value):
+        raise CheckpointError(f"{key} is {_short(value)}, expected {expected}")
+    return float(value) if kind == "float" else value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_json_object(path: str | os.PathLike, error: type[Exception] = CheckpointError) -> dict[str, Any]:
+    """A JSON file whose top level is an object; anything else raises ``error`` naming the file."""
+    try:
+        value = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start})") from e
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
+        raise error(f"{path}: not valid JSON ({str(e)[:200]})") from e
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror})") from e
+    if not isinstance(value, dict):
+        raise error(f"{path}: expected a JSON object at the top level, found {type(value).__name__}")
+    return value
+
+
+@contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Checkpoint and tokenizer errors raised inside say which file they are about."""
+    try:
+        yield
+    except (CheckpointError, TokenizerError) as e:
+        if str(path) in str(e):
+            raise
+        raise type(e)(f"{path}: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -64,10 +124,25 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise CheckpointError(f"unknown architecture {self.arch!r}; expected one of {ARCHS}")
+        fields = vars(self)
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim", "max_seq_len"):
+            config_value(fields, name, "int")
+        for name in ("norm_eps", "rope_theta"):
+            config_value(fields, name, "float")
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        config_value(fields, "head_dim", "int")
+        if self.rope_theta <= 0 or self.norm_eps < 0:
+            raise CheckpointError(f"rope_theta {self.rope_theta} must be positive and norm_eps {self.norm_eps} not negative")
         if self.n_heads % self.n_kv_heads:
             raise CheckpointError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.arch == "llama" and self.head_dim % 2:
+            raise CheckpointError(f"head_dim {self.head_dim} is odd; rotary embeddings rotate pairs")
+        factors = self.rope_freq_factors
+        if factors is not None and (len(factors) != self.head_dim // 2
+                                    or not all(math.isfinite(x) and x > 0 for x in factors)):
+            raise CheckpointError(f"rope frequency factors must be {self.head_dim // 2} positive numbers "
+                                  f"(one per rotated pair), got {len(factors)}")
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -100,6 +175,10 @@ def half_to_interleaved(w: np.ndarray, n_heads: int) -> np.ndarray:
     )
 
 
+# Wider heads than any model has; bounds the per-frequency loop below.
+_MAX_HEAD_DIM = 1 << 16
+
+
 def llama3_rope_freq_factors(
     head_dim: int,
     theta: float,
@@ -113,6 +192,10 @@ def llama3_rope_freq_factors(
     Same formula as Meta's ``apply_scaling`` and llama.cpp's ``rope_freqs`` tensor: long
     wavelengths are slowed down by ``factor``, short ones untouched, the middle band blended.
     """
+    if not 0 < head_dim <= _MAX_HEAD_DIM or not 0 < low_freq_factor < high_freq_factor or theta <= 0:
+        raise CheckpointError(f"llama3 rope scaling needs 0 < head_dim <= {_MAX_HEAD_DIM} (have {head_dim}), "
+                              f"0 < low_freq_factor < high_freq_factor (have {low_freq_factor}, "
+                              f"{high_freq_factor}) and theta > 0 (have {theta})")
     low_freq_wavelen = original_max_seq_len / low_freq_factor
     high_freq_wavelen = original_max_seq_len / high_freq_factor
     factors = []
@@ -131,11 +214,19 @@ def llama3_rope_freq_factors(
 
 def check_state_dict(config: ModelConfig, state: dict[str, np.ndarray]) -> None:
     """Raise CheckpointError naming the first missing or mis-shaped canonical tensor."""
+    check_layer_count(config, len(state))
     for name, shape in expected_shapes(config).items():
         if name not in state:
             raise CheckpointError(f"checkpoint has no tensor for {name}")
         if tuple(state[name].shape) != shape:
             raise CheckpointError(f"{name} has shape {tuple(state[name].shape)}, expected {shape}")
+
+
+def check_layer_count(config: ModelConfig, n_tensors: int) -> None:
+    """Every layer has tensors of its own: a layer count beyond the tensor count is a corrupt
+    config, caught here before anything loops over the layers."""
+    if config.n_layers > n_tensors:
+        raise CheckpointError(f"config says {config.n_layers} layers but the checkpoint has only {n_tensors} tensors")
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

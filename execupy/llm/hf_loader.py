@@ -13,14 +13,25 @@ Safetensors files are read with a small parser over a memory map (the format is 
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from execupy.llm.config import CheckpointError, ModelConfig, check_state_dict, llama3_rope_freq_factors
+from execupy.llm.config import (
+    CheckpointError,
+    ModelConfig,
+    check_layer_count,
+    check_state_dict,
+    config_value,
+    llama3_rope_freq_factors,
+    naming,
+    read_json_object,
+)
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
@@ -31,27 +42,61 @@ _LLAMA_TYPES = ("llama", "mistral", "qwen2")
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """All tensors of one .safetensors file as float32 numpy arrays (bf16/f16 widened)."""
-    with open(path, "rb") as fh:
-        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    if len(buf) < 8:
-        raise CheckpointError(f"{path}: too short for a safetensors file")
+    with naming(path):
+        buf = _map(path)
+        header, data_start = _safetensors_header(buf)
+        return {name: _safetensors_tensor(buf, data_start, name, info)
+                for name, info in header.items() if name != "__metadata__"}
+
+
+def _map(path: str | os.PathLike) -> Any:
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size < 8:
+                raise CheckpointError("too short for a safetensors file")
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise CheckpointError(f"cannot be read ({e.strerror})") from e
+
+
+def _safetensors_header(buf: Any) -> tuple[dict[str, Any], int]:
+    """The JSON header (checked to be an object) and where the data begins."""
     (header_len,) = struct.unpack("<Q", buf[:8])
     if 8 + header_len > len(buf):
-        raise CheckpointError(f"{path}: safetensors header length {header_len} runs past the file")
-    header = json.loads(buf[8 : 8 + header_len])
-    data_start = 8 + header_len
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        if info["dtype"] not in _DTYPES or data_start + end > len(buf):
-            raise CheckpointError(f"{path}: tensor {name} has dtype {info['dtype']} or offsets out of range")
-        dtype = np.dtype(_DTYPES[info["dtype"]])
-        count = (end - begin) // dtype.itemsize
-        raw = np.frombuffer(buf, dtype=dtype, count=count, offset=data_start + begin).reshape(info["shape"])
-        out[name] = _to_float32(raw, info["dtype"])
-    return out
+        raise CheckpointError(f"safetensors header length {header_len} runs past the end of the file")
+    try:
+        header = json.loads(buf[8 : 8 + header_len].decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"safetensors header is not UTF-8 (byte {8 + e.start})") from e
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"safetensors header is not valid JSON ({str(e)[:200]})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError("safetensors header is not a JSON object")
+    return header, 8 + header_len
+
+
+def _safetensors_tensor(buf: Any, data_start: int, name: str, info: Any) -> np.ndarray:
+    """One tensor, after checking its dtype, shape and offsets against each other and the file."""
+    if not isinstance(info, dict):
+        raise CheckpointError(f"tensor {name!r}: header entry is not an object")
+    dtype_name, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
+        raise CheckpointError(f"tensor {name!r}: dtype {dtype_name!r} is not one of {sorted(_DTYPES)}")
+    if not _int_list(shape) or not _int_list(offsets) or len(offsets) != 2:
+        raise CheckpointError(f"tensor {name!r}: shape {shape!r:.60} and data_offsets {offsets!r:.60} "
+                              "must be lists of non-negative integers (two offsets)")
+    begin, end = offsets
+    dtype = np.dtype(_DTYPES[dtype_name])
+    nbytes = math.prod(shape) * dtype.itemsize
+    if begin > end or data_start + end > len(buf) or end - begin != nbytes:
+        raise CheckpointError(f"tensor {name!r}: data_offsets [{begin}, {end}] do not hold {dtype_name} "
+                              f"{shape} ({nbytes} bytes) inside the {len(buf) - data_start} data bytes")
+    raw = np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=data_start + begin)
+    return _to_float32(raw.reshape(shape), dtype_name)
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
 
 
 def _to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
@@ -66,62 +111,66 @@ def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{folder}: no config.json")
-    hf = json.loads(config_path.read_text())
+    hf = read_json_object(config_path)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder}: no *.safetensors files")
     raw: dict[str, np.ndarray] = {}
     for f in files:
         raw.update(read_safetensors(f))
-    model_type = hf.get("model_type", "llama")
-    if model_type in _LLAMA_TYPES:
-        config = hf_llama_config(hf, raw)
-        state = _llama_state(raw, config)
-    elif model_type == "gpt2":
-        config = hf_gpt2_config(hf, raw)
-        state = _gpt2_state(raw, config)
-    else:
-        raise CheckpointError(f"{folder}: model_type {model_type!r} is not supported")
-    check_state_dict(config, state)
+    with naming(config_path):
+        model_type = config_value(hf, "model_type", "str", "llama")
+        if model_type not in _LLAMA_TYPES + ("gpt2",):
+            raise CheckpointError(f"model_type {model_type!r} is not supported")
+        gpt2 = model_type == "gpt2"
+        config = hf_gpt2_config(hf, raw) if gpt2 else hf_llama_config(hf, raw)
+    with naming(folder):
+        check_layer_count(config, len(raw))
+        state = _gpt2_state(raw, config) if gpt2 else _llama_state(raw, config)
+        check_state_dict(config, state)
     return config, state
 
 
 def hf_llama_config(hf: dict, raw: dict[str, np.ndarray]) -> ModelConfig:
-    n_heads = hf["num_attention_heads"]
-    dim = hf["hidden_size"]
-    head_dim = hf.get("head_dim") or dim // n_heads
-    theta = float(hf.get("rope_theta", 10000.0))
+    get = lambda key, kind, *default: config_value(hf, key, kind, *default)  # noqa: E731
+    n_heads = get("num_attention_heads", "int")
+    dim = get("hidden_size", "int")
+    head_dim = get("head_dim", "int", None) or dim // n_heads
+    theta = get("rope_theta", "float", 10000.0)
     return ModelConfig(
         arch="llama",
         dim=dim,
-        n_layers=hf["num_hidden_layers"],
+        n_layers=get("num_hidden_layers", "int"),
         n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        vocab_size=hf["vocab_size"],
-        hidden_dim=hf["intermediate_size"],
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        n_kv_heads=get("num_key_value_heads", "int", n_heads),
+        vocab_size=get("vocab_size", "int"),
+        hidden_dim=get("intermediate_size", "int"),
+        norm_eps=get("rms_norm_eps", "float", 1e-6),
         rope_theta=theta,
-        max_seq_len=hf.get("max_position_embeddings", 2048),
+        max_seq_len=get("max_position_embeddings", "int", 2048),
         # An absent lm_head is tying too (some exports drop it).
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)) or "lm_head.weight" not in raw,
+        tie_embeddings=get("tie_word_embeddings", "bool", False) or "lm_head.weight" not in raw,
         qkv_bias="model.layers.0.self_attn.q_proj.bias" in raw,
         head_dim=head_dim,
         rope_freq_factors=_hf_rope_factors(hf.get("rope_scaling"), head_dim, theta),
-        name=hf.get("_name_or_path", ""),
+        name=get("_name_or_path", "str", ""),
     )
 
 
-def _hf_rope_factors(scaling: dict | None, head_dim: int, theta: float) -> tuple[float, ...] | None:
+def _hf_rope_factors(scaling: Any, head_dim: int, theta: float) -> tuple[float, ...] | None:
     if not scaling:
         return None
+    if not isinstance(scaling, dict):
+        raise CheckpointError(f"rope_scaling is {scaling!r:.60}, expected an object")
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "default":
         return None
     if kind != "llama3":
-        raise CheckpointError(f"rope_scaling type {kind!r} is not supported (only 'llama3')")
+        raise CheckpointError(f"rope_scaling type {kind!r:.60} is not supported (only 'llama3')")
+    get = lambda key, kind: config_value(scaling, key, kind)  # noqa: E731
     return llama3_rope_freq_factors(
-        head_dim, theta, scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"],
-        scaling["original_max_position_embeddings"],
+        head_dim, theta, get("factor", "float"), get("low_freq_factor", "float"), get("high_freq_factor", "float"),
+        get("original_max_position_embeddings", "int"),
     )
 
 
@@ -137,7 +186,8 @@ def _llama_state(raw: dict[str, np.ndarray], config: ModelConfig) -> dict[str, n
         "mlp.down_proj": "feed_forward.w2",
         "mlp.up_proj": "feed_forward.w3",
     }
-    state = {"tok_embeddings.weight": raw["model.embed_tokens.weight"], "norm.weight": raw["model.norm.weight"]}
+    state = {"tok_embeddings.weight": _tensor(raw, "model.embed_tokens.weight"),
+             "norm.weight": _tensor(raw, "model.norm.weight")}
     for i in range(config.n_layers):
         for hf_name, ours in block.items():
             for kind in ("weight", "bias"):
@@ -148,27 +198,34 @@ def _llama_state(raw: dict[str, np.ndarray], config: ModelConfig) -> dict[str, n
     return state
 
 
+def _tensor(raw: dict[str, np.ndarray], name: str) -> np.ndarray:
+    if name not in raw:
+        raise CheckpointError(f"no tensor {name!r} in the *.safetensors files")
+    return raw[name]
+
+
 def hf_gpt2_config(hf: dict, raw: dict[str, np.ndarray]) -> ModelConfig:
-    dim = hf["n_embd"]
+    get = lambda key, kind, *default: config_value(hf, key, kind, *default)  # noqa: E731
+    dim = get("n_embd", "int")
     return ModelConfig(
         arch="gpt2",
         dim=dim,
-        n_layers=hf["n_layer"],
-        n_heads=hf["n_head"],
-        n_kv_heads=hf["n_head"],
-        vocab_size=hf["vocab_size"],
-        hidden_dim=hf.get("n_inner") or 4 * dim,
-        norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-        max_seq_len=hf.get("n_positions", 1024),
+        n_layers=get("n_layer", "int"),
+        n_heads=get("n_head", "int"),
+        n_kv_heads=get("n_head", "int"),
+        vocab_size=get("vocab_size", "int"),
+        hidden_dim=get("n_inner", "int", 4 * dim),
+        norm_eps=get("layer_norm_epsilon", "float", 1e-5),
+        max_seq_len=get("n_positions", "int", 1024),
         tie_embeddings=True,  # GPT-2 always ties its output head to wte
-        name=hf.get("_name_or_path", ""),
+        name=get("_name_or_path", "str", ""),
     )
 
 
 def _gpt2_state(raw: dict[str, np.ndarray], config: ModelConfig) -> dict[str, np.ndarray]:
     # Names may or may not carry the "transformer." prefix depending on how they were saved.
     prefix = "transformer." if "transformer.wte.weight" in raw else ""
-    get = lambda name: raw[prefix + name]  # noqa: E731
+    get = lambda name: _tensor(raw, prefix + name)  # noqa: E731
     state = {
         "tok_embeddings.weight": get("wte.weight"),
         "pos_embeddings.weight": get("wpe.weight"),

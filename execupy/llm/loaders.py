@@ -8,12 +8,18 @@ from pathlib import Path
 
 import numpy as np
 
-from execupy.llm.config import CheckpointError, ModelConfig
+from execupy.llm.config import CheckpointError, ModelConfig, naming
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """(config, canonical float32 state dict) from any supported checkpoint."""
-    path = Path(path)
+    """(config, canonical float32 state dict) from any supported checkpoint.
+
+    A malformed checkpoint raises CheckpointError naming the file and what is wrong."""
+    with naming(path):
+        return _load_checkpoint(Path(path))
+
+
+def _load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     if path.is_file() and path.suffix == ".gguf":
         from execupy.llm.gguf_loader import load_gguf
 

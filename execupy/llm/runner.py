@@ -18,13 +18,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
 from execupy.errors import InvalidInputError
 from execupy.llm.sampler import Sampler, SamplerConfig
-from execupy.runtime import Module
+from execupy.runtime import Module, TensorInfo
+
+if TYPE_CHECKING:
+    from execupy.llm.tokenizer import StreamDecoder
 
 
 class ContextLengthError(InvalidInputError):
@@ -89,7 +92,8 @@ class ModelMetadata:
 
 
 def read_metadata(module: Module) -> ModelMetadata:
-    """The constant methods ``export_llm`` writes; absent ones get safe defaults."""
+    """The constant methods an LLM export writes (ours or ExecuTorch's ``export_llm``);
+    absent ones get safe defaults."""
     names = set(module.method_names)
 
     def get(name: str, default):
@@ -99,19 +103,33 @@ def read_metadata(module: Module) -> ModelMetadata:
         raise InvalidInputError("this program has no 'forward' method; is it an LLM export?")
     if not get("use_kv_cache", False):
         raise InvalidInputError("this program has no KV cache (use_kv_cache is false); the runner needs one")
-    max_seq_len = int(get("get_max_seq_len", 0))
+    # ExecuTorch's export_llm writes the cache length as get_max_context_len; its
+    # get_max_seq_len is the most tokens one call takes. Ours writes both as the cache length.
+    max_seq_len = int(get("get_max_context_len", 0) or get("get_max_seq_len", 0))
     if max_seq_len <= 0:
-        raise InvalidInputError("this program has no get_max_seq_len method; is it an LLM export?")
+        raise InvalidInputError("this program has no get_max_context_len or get_max_seq_len method; "
+                                "is it an LLM export?")
     bos = int(get("get_bos_id", -1))
     return ModelMetadata(
         max_seq_len=max_seq_len,
-        max_prefill_len=int(get("get_max_prefill_len", 1)),  # 1 token per call is always safe
+        max_prefill_len=int(get("get_max_prefill_len", 0) or _tokens_per_call(module)),
         vocab_size=int(get("get_vocab_size", 0)),
         bos_id=bos if bos >= 0 else None,
         eos_ids=tuple(int(i) for i in get("get_eos_ids", [])),
         add_bos=bool(get("get_add_bos", False)),
         chat_template=get("get_chat_template", "") or None,
     )
+
+
+def _tokens_per_call(module: Module) -> int:
+    """The most tokens forward takes at once, read from its token input [1, T]: the upper
+    bound of T when it is dynamic (ExecuTorch's export_llm writes no get_max_prefill_len), else
+    1, which is always safe for a KV-cache program."""
+    inputs = module.program.method_meta("forward").inputs
+    tokens = inputs[0] if inputs else None
+    if isinstance(tokens, TensorInfo) and tokens.dynamic and len(tokens.shape) == 2:
+        return tokens.shape[1]
+    return 1
 
 
 def find_tokenizer(pte_path: str | os.PathLike) -> Path:
@@ -123,6 +141,57 @@ def find_tokenizer(pte_path: str | os.PathLike) -> Path:
             return candidate
     raise InvalidInputError(f"no tokenizer next to {pte_path} (looked for {pte_path.stem}.tokenizer.json/.model); "
                             "pass one with --tokenizer")
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Why generation ends. One place decides, after each new token, in this order."""
+
+    eos_ids: frozenset[int]  # empty with ignore_eos
+    stop_strings: tuple[str, ...]
+    max_new_tokens: int
+    max_seq_len: int
+
+    def why_stop(self, token: int, n_new: int, text: str, piece: str, cache_len: int) -> Optional[str]:
+        """The stop reason once ``token``, the ``n_new``-th new one, has been sampled (its text
+        ``piece`` ends ``text``), or None to go on. The cache holds ``cache_len`` tokens, not
+        ``token`` yet."""
+        if token in self.eos_ids:
+            return "eos"
+        if piece and self.stop_strings:
+            recent = text[-(len(piece) + max(map(len, self.stop_strings))):]  # where a new match can be
+            if any(s in recent for s in self.stop_strings):
+                return "stop_string"
+        if n_new >= self.max_new_tokens:
+            return "max_new_tokens"
+        if cache_len + 1 > self.max_seq_len:  # no room to feed ``token`` and decode another
+            return "context"
+        return None
+
+
+class TextStream:
+    """The generated text, sent to ``callback`` piece by piece as tokens come. Tokens in
+    ``hidden`` (the EOS tokens that end generation) add no text."""
+
+    def __init__(self, decoder: StreamDecoder, callback: Optional[Callable[[str], None]],
+                 hidden: frozenset[int]) -> None:
+        self.decoder, self.callback, self.hidden = decoder, callback, hidden
+        self.text = ""
+
+    def put(self, token: int) -> str:
+        """Stream ``token``'s text (possibly '' while a UTF-8 character is incomplete); returns it."""
+        piece = "" if token in self.hidden else self.decoder.put(token)
+        self._emit(piece)
+        return piece
+
+    def flush(self) -> None:
+        self._emit(self.decoder.flush())
+
+    def _emit(self, piece: str) -> None:
+        if piece:
+            self.text += piece
+            if self.callback is not None:
+                self.callback(piece)
 
 
 class LLMRunner:
@@ -174,6 +243,19 @@ class LLMRunner:
             logits = self._forward(tokens[start:start + step])
         return logits
 
+    def reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Keep the longest start of the KV cache that ``tokens`` also starts with (the usual
+        next turn of a conversation), forget the rest, and return its length: the caller
+        then feeds ``tokens[n:]`` only. At least one token is always left to feed, since
+        the next token's logits come from feeding one."""
+        limit = min(len(self.history), len(tokens) - 1)
+        n = 0
+        while n < limit and self.history[n] == tokens[n]:
+            n += 1
+        self.pos, self.history, self.pending = n, self.history[:n], []
+        self.cached_text, self.messages = "", []  # chat()'s view of the cache no longer holds
+        return n
+
     def _check_room(self, n: int) -> None:
         if self.pos + n > self.meta.max_seq_len:
             raise ContextLengthError(
@@ -191,73 +273,75 @@ class LLMRunner:
         ignore_eos: bool = False,
         callback: Optional[Callable[[str], None]] = None,
         stop: Sequence[str] = (),
+        special_text: bool = False,
     ) -> list[int]:
         """Prefill ``prompt_tokens`` after what the cache holds (the previous call's last
-        sampled token first, which was not fed yet) and sample up to
-        ``max_new_tokens``; ``callback`` gets each decoded text piece as it comes. An EOS token
-        ends generation and is kept in the cache (the chat template expects it) but not in
-        the text. Generation also ends once the text contains one of the ``stop`` strings
-        (which has been streamed by then). Stops early, with stop_reason "context", when
-        the cache is full."""
+        sampled token first, which was not fed yet), then forward-and-sample one token at a
+        time until ``StopRule`` says why not (eos, stop string, max_new_tokens, context).
+        ``callback`` gets each decoded text piece as it comes; special tokens give no text
+        unless ``special_text``. An EOS token that ends generation is kept in the cache (the
+        chat template expects it) but not in the text. A stop string has been streamed by
+        the time generation ends on it."""
         if not isinstance(sampler, Sampler):
             sampler = Sampler(sampler or SamplerConfig())
         prompt_tokens = self.pending + list(prompt_tokens)
         self.pending = []
-        stats = self.stats = GenerationStats(load_s=self.load_s, prompt_tokens=len(prompt_tokens))
-        stream = self.tokenizer.stream_decoder()
-        eos = set() if ignore_eos else set(self.meta.eos_ids)
+        stats = self.stats = GenerationStats(load_s=self.load_s, prompt_tokens=len(prompt_tokens),
+                                             stop_reason="max_new_tokens")
+        rule = StopRule(eos_ids=frozenset() if ignore_eos else frozenset(self.meta.eos_ids), stop_strings=tuple(stop),
+                        max_new_tokens=max_new_tokens, max_seq_len=self.meta.max_seq_len)
+        text = TextStream(self.tokenizer.stream_decoder(special=special_text), callback, hidden=rule.eos_ids)
+        new: list[int] = []
         t0 = time.perf_counter()
         logits = self.prefill(prompt_tokens)
         stats.prefill_s = time.perf_counter() - t0
-        new: list[int] = []
-        text, max_stop = "", max((len(s) for s in stop), default=0)
-        t_first = None
-        stats.stop_reason = "max_new_tokens"  # unless the loop finds another reason
-        while len(new) < max_new_tokens:
-            token = sampler.sample(logits, self.history)
-            new.append(token)
-            if t_first is None:
-                t_first = time.perf_counter()
-                stats.time_to_first_token_s = t_first - t0
-            if token in eos:
-                stats.stop_reason = "eos"
-                self.pending = [token]  # fed with the next chat turn, which follows this one
-                break
-            piece = stream.put(token)
-            if piece:
-                text += piece
-                if callback is not None:
-                    callback(piece)
-                if stop and any(s in text[-(len(piece) + max_stop):] for s in stop):
-                    stats.stop_reason = "stop_string"
-                    self.pending = [token]
-                    break
-            if len(new) == max_new_tokens:
-                self.pending = [token]
-                break
-            if self.pos + 1 > self.meta.max_seq_len:
-                stats.stop_reason = "context"
-                self.pending = [token]  # part of the reply text; the next turn will find no room
-                break
-            logits = self._forward([token])
-        rest = stream.flush()
-        if callback is not None and rest:
-            callback(rest)
+        if max_new_tokens > 0:  # (with 0, the prompt only fills the cache)
+            token = sampler.sample(logits, self.history)  # the first new token comes from the prefill
+            t_first = time.perf_counter()
+            stats.time_to_first_token_s = t_first - t0
+            new, stats.stop_reason = self._decode_until_stop(token, sampler, rule, text)
+            stats.decode_s = time.perf_counter() - t_first
+            self.pending = [new[-1]]  # sampled but not fed: the next call starts with it
+        text.flush()
         stats.generated_tokens = len(new)
         stats.peak_memory_mb = peak_memory_mb()
-        stats.decode_s = time.perf_counter() - t_first if t_first is not None else 0.0
         return new
 
+    def _decode_until_stop(self, token: int, sampler: Sampler, rule: StopRule,
+                           text: TextStream) -> tuple[list[int], str]:
+        """From the first sampled token on: stream it, ask ``rule`` whether to stop, else
+        decode the next one. Returns the new tokens and why generation stopped."""
+        new = [token]
+        while True:
+            piece = text.put(token)
+            reason = rule.why_stop(token, len(new), text.text, piece, cache_len=self.pos)
+            if reason:
+                return new, reason
+            token = self._decode_one_token(token, sampler)
+            new.append(token)
+
+    def _decode_one_token(self, token: int, sampler: Sampler) -> int:
+        """Feed the last sampled token, sample the next one."""
+        return sampler.sample(self._forward([token]), self.history)
+
+    def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
+        """The prompt's token ids: as a user message in the chat template when ``chat``; else the
+        text as written, special tokens in it (such as ``<|im_start|>``) included."""
+        if chat:
+            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode_raw(prompt)
+
     def generate(self, prompt: str, max_new_tokens: int = 128, sampler: Sampler | SamplerConfig | None = None,
-                 chat: bool = False, ignore_eos: bool = False,
-                 callback: Optional[Callable[[str], None]] = None, stop: Sequence[str] = ()) -> str:
-        """One-shot completion of ``prompt`` (rendered with the chat template when ``chat``),
-        from an empty cache. Returns the generated text."""
+                 chat: bool = False, ignore_eos: bool = False, callback: Optional[Callable[[str], None]] = None,
+                 stop: Sequence[str] = (), special_text: bool = False) -> str:
+        """One-shot completion of ``prompt`` (see ``encode_prompt``) from an empty cache.
+        Returns the generated text (what ``callback`` got, piece by piece)."""
         self.reset()
-        tokens = (self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat
-                  else self.tokenizer.encode(prompt))
-        new = self.generate_tokens(tokens, max_new_tokens, sampler, ignore_eos, callback, stop)
-        return self.tokenizer.decode(new)
+        new = self.generate_tokens(self.encode_prompt(prompt, chat), max_new_tokens, sampler, ignore_eos, callback,
+                                   stop, special_text)
+        if self.stats.stop_reason == "eos":
+            new = new[:-1]  # the token that ended generation is not part of the text
+        return self.tokenizer.decode(new, skip_special=not special_text)
 
     def chat(self, user_message: str, max_new_tokens: int = 256, sampler: Sampler | SamplerConfig | None = None,
              callback: Optional[Callable[[str], None]] = None) -> str:

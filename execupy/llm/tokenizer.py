@@ -21,6 +21,12 @@ once its last byte arrives), ``bos_id``, ``eos_ids``, ``special_tokens`` and
 Special tokens written in the text (such as ``<|im_start|>``) become their ids only with
 ``allow_special=True``; otherwise they are tokenized as plain text, as llama.cpp does
 without ``parse_special``.
+
+A malformed file raises TokenizerError naming the file and the fault (CheckpointError for
+a GGUF whose own structure is broken). Each format is checked before its library sees it
+(tokenizer.json's ids, merges and added tokens; a .model's protobuf; tiktoken ranks;
+llama2.c record lengths; GGUF vocabulary lists and special ids), so what the libraries
+still reject is rare; that is wrapped too.
 """
 
 from __future__ import annotations
@@ -32,10 +38,14 @@ import os
 import re
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Sequence
 
-from execupy.errors import TokenizerError  # noqa: F401  (re-exported)
+from execupy.errors import TokenizerError
+from execupy.fileio import atomic_write
+from execupy.llm.config import naming, read_json_object
 
 
 # GGUF / SentencePiece token types (the same enum in both formats).
@@ -142,8 +152,12 @@ class Tokenizer(ABC):
         )
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """Render and tokenize a conversation; BOS is added only if the template did not write it."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        """Render and tokenize a conversation (see ``encode_raw``)."""
+        return self.encode_raw(self.apply_chat_template(messages, add_generation_prompt))
+
+    def encode_raw(self, text: str) -> list[int]:
+        """Tokenize a prompt as written, special tokens in it included (as a rendered chat
+        template is); BOS is added only where the model expects one and the text lacks it."""
         bos_text = self.token_text(self.bos_id) if self.bos_id is not None else None
         has_bos = bool(bos_text) and text.startswith(bos_text)
         return self.encode(text, bos=self.add_bos and not has_bos, allow_special=True)
@@ -217,14 +231,16 @@ class HFTokenizer(Tokenizer):
         added = tok.get_added_tokens_decoder()
         self.special_tokens = {t.content: i for i, t in added.items() if t.special}
         self._added = {i: t.content for i, t in added.items()}
-        self._pieces = [tok.id_to_token(i) for i in range(tok.get_vocab_size(with_added_tokens=True))]
+        # As long as the largest id: ids may leave gaps, which get_vocab_size does not count.
+        n = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self._pieces = [tok.id_to_token(i) for i in range(n)]
 
     @property
     def vocab_size(self) -> int:
         return len(self._pieces)
 
     def save(self, path: str | os.PathLike) -> None:
-        self._tok.save(str(path))
+        atomic_write(path, self._tok.to_str(pretty=True))  # what Tokenizer.save(path) writes
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         self._tok.encode_special_tokens = not allow_special  # specials as plain text when not allowed
@@ -242,13 +258,114 @@ class HFTokenizer(Tokenizer):
         if piece is None:
             return b""
         if self._byte_level:
-            return bytes(_BYTE_DECODER[c] for c in piece)
+            if all(c in _BYTE_DECODER for c in piece):
+                return bytes(_BYTE_DECODER[c] for c in piece)
+            return piece.encode()  # as the ByteLevel decoder does with a piece outside its alphabet
         m = _BYTE_PIECE.match(piece)
         return bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode()
 
 
+@contextmanager
+def _library_errors(library: str) -> Iterator[None]:
+    """What a tokenizer library raises on a vocabulary it rejects becomes a TokenizerError
+    (`tokenizers` raises bare Exception, and a Rust panic arrives as a BaseException)."""
+    try:
+        yield
+    except TokenizerError:
+        raise
+    except BaseException as e:
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise  # KeyboardInterrupt, SystemExit
+        first_line = (str(e).splitlines() or [""])[0][:200]
+        raise TokenizerError(f"{library} rejected the vocabulary ({type(e).__name__}: {first_line})") from e
+
+
+_U32_LIMIT = 1 << 32
+_F32_MAX = 3.4028234663852886e38
+# Unused ids a vocabulary may leave between its tokens: the id -> piece table we build is
+# as long as the largest id, so this keeps it in proportion to the file.
+_ID_SLACK = 1 << 16
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _U32_LIMIT
+
+
+def check_tokenizer_json(spec: dict[str, Any]) -> None:
+    """The parts of a tokenizer.json that `tokenizers` would reject with a bare Exception
+    (or turn into a huge table): the model's vocabulary and merges, and the added tokens."""
+    model = spec.get("model")
+    if not isinstance(model, dict):
+        raise TokenizerError("tokenizer.json has no \"model\" object")
+    kind = model.get("type", "BPE")
+    if kind == "Unigram":
+        vocab = model.get("vocab")
+        if not isinstance(vocab, list) or not all(
+                isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and _is_number(v[1]) for v in vocab):
+            raise TokenizerError("Unigram vocab must be a list of [piece, score] pairs")
+        ids = range(len(vocab))
+    elif kind in ("BPE", "WordPiece", "WordLevel"):
+        vocab = model.get("vocab")
+        if not isinstance(vocab, dict):
+            raise TokenizerError(f"{kind} vocab must be an object mapping pieces to ids")
+        bad = next((k for k, v in vocab.items() if not _is_id(v)), None)
+        if bad is not None:
+            raise TokenizerError(f"vocab entry {bad!r:.60} has id {vocab[bad]!r:.60}, expected an integer in [0, 2**32)")
+        ids = vocab.values()
+        if len(set(ids)) != len(vocab):
+            raise TokenizerError(f"{kind} vocab gives the same id to two pieces")
+        if kind == "BPE":
+            _check_merges(model.get("merges", []), vocab)
+    else:
+        raise TokenizerError(f"tokenizer model type {kind!r:.60} is not one of BPE, WordPiece, WordLevel, Unigram")
+    added = spec.get("added_tokens") or []
+    if not isinstance(added, list) or not all(_is_added_token(t) for t in added):
+        raise TokenizerError(f"added_tokens must be a list of objects with an integer id, a string content "
+                             f"and true/false {', '.join(_ADDED_TOKEN_FLAGS)}")
+    all_ids = list(ids) + [t["id"] for t in added]
+    if all_ids and max(all_ids) >= len(all_ids) + _ID_SLACK:
+        raise TokenizerError(f"token id {max(all_ids)} is far beyond the {len(all_ids)} tokens defined")
+
+
+_ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def _is_added_token(t: Any) -> bool:
+    return (isinstance(t, dict) and _is_id(t.get("id")) and isinstance(t.get("content"), str)
+            and all(isinstance(t.get(flag), bool) for flag in _ADDED_TOKEN_FLAGS))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_merges(merges: Any, vocab: dict[str, int]) -> None:
+    """Each merge is "a b" or [a, b] (one form throughout), with a, b and a+b all in the vocabulary."""
+    if not isinstance(merges, list):
+        raise TokenizerError("BPE merges must be a list")
+    if len({isinstance(m, str) for m in merges}) > 1:
+        raise TokenizerError("BPE merges mix the \"a b\" and [a, b] forms")
+    for i, m in enumerate(merges):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise TokenizerError(f"BPE merge {i} ({m!r:.60}) is not two pieces")
+        missing = next((p for p in (*pair, pair[0] + pair[1]) if p not in vocab), None)
+        if missing is not None:
+            raise TokenizerError(f"BPE merge {i} ({m!r:.60}) uses {missing!r:.60}, which is not in the vocabulary")
+
+
 def _hf_special_content(value: Any) -> str | None:
-    return value.get("content") if isinstance(value, dict) else value
+    content = value.get("content") if isinstance(value, dict) else value
+    return content if isinstance(content, str) else None
+
+
+def _hf_ids(value: Any, what: str, vocab_size: int) -> list[int]:
+    """An id or a list of ids from a config file, checked to be in the vocabulary."""
+    ids = value if isinstance(value, list) else [] if value is None else [value]
+    for i in ids:
+        if not _is_id(i) or i >= vocab_size:
+            raise TokenizerError(f"{what} {i!r:.60} is not a token id below the vocabulary size {vocab_size}")
+    return ids
 
 
 def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
@@ -257,12 +374,20 @@ def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
 
     path = Path(path)
     folder, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
-    tok = _Tok.from_file(str(file))
-    spec = json.loads(file.read_text())
+    with naming(file):
+        spec = read_json_object(file, TokenizerError)
+        check_tokenizer_json(spec)
+        with _library_errors("tokenizers"):
+            tok = _Tok.from_str(json.dumps(spec))
     byte_level = "ByteLevel" in json.dumps(spec.get("decoder")) or "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
-    cfg = _read_json(folder / "tokenizer_config.json")
-    gen = _read_json(folder / "generation_config.json")
-    model_cfg = _read_json(folder / "config.json")
+    cfg, gen, model_cfg = (_read_json(folder / name) for name in
+                           ("tokenizer_config.json", "generation_config.json", "config.json"))
+    with naming(folder):
+        return _hf_tokenizer_with_config(tok, byte_level, cfg, gen, model_cfg)
+
+
+def _hf_tokenizer_with_config(tok: Any, byte_level: bool, cfg: dict, gen: dict, model_cfg: dict) -> HFTokenizer:
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
     def token_id(value: Any) -> int | None:
         content = _hf_special_content(value)
@@ -270,23 +395,30 @@ def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
 
     bos_id = token_id(cfg.get("bos_token"))
     if bos_id is None:
-        bos_id = gen.get("bos_token_id", model_cfg.get("bos_token_id"))
+        bos = _hf_ids(gen.get("bos_token_id", model_cfg.get("bos_token_id")), "bos_token_id", vocab_size)
+        bos_id = bos[0] if bos else None
     eos: list[int] = []
-    for source in (gen.get("eos_token_id"), model_cfg.get("eos_token_id"), token_id(cfg.get("eos_token"))):
-        eos.extend(source if isinstance(source, list) else [source] if source is not None else [])
-    if "add_bos_token" in cfg:
-        add_bos = bool(cfg["add_bos_token"])
-    else:  # does the tokenizer's own post-processor put BOS in front?
-        ids = tok.encode("a", add_special_tokens=True).ids
-        add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id
+    for name, source in (("generation_config.json eos_token_id", gen.get("eos_token_id")),
+                         ("config.json eos_token_id", model_cfg.get("eos_token_id"))):
+        eos.extend(_hf_ids(source, name, vocab_size))
+    eos.extend(_hf_ids(token_id(cfg.get("eos_token")), "eos_token", vocab_size))
     template = cfg.get("chat_template")
     if isinstance(template, list):  # newer configs: a list of named templates
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    return HFTokenizer(tok, bos_id, eos, add_bos, template, byte_level)
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    if template is not None and not isinstance(template, str):
+        raise TokenizerError(f"chat_template is {type(template).__name__}, expected a string")
+    with _library_errors("tokenizers"):
+        if "add_bos_token" in cfg:
+            add_bos = bool(cfg["add_bos_token"])
+        else:  # does the tokenizer's own post-processor put BOS in front?
+            ids = tok.encode("a", add_special_tokens=True).ids
+            add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id
+        return HFTokenizer(tok, bos_id, eos, add_bos, template, byte_level)
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json_object(path, TokenizerError) if path.is_file() else {}
 
 
 # llama.cpp's pre-tokenizer regexes, by ``tokenizer.ggml.pre`` (llama-vocab.cpp). Each regex
@@ -321,37 +453,85 @@ def gguf_bpe_tokenizer(meta: dict[str, Any]) -> HFTokenizer:
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as _Tok
 
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
-    pre_name = meta.get("tokenizer.ggml.pre", "default")
+    tokens, types, _ = gguf_vocab(meta)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise TokenizerError("GGUF vocabulary has duplicate tokens")
+    pre_name = _gguf_meta(meta, "tokenizer.ggml.pre", str, "default")
     pre = _PRE_ALIASES.get(pre_name, pre_name)
     if pre not in _PRE_REGEXES:
         raise TokenizerError(f"GGUF pre-tokenizer {pre_name!r} is not supported (have {sorted(_PRE_REGEXES)} "
                              f"and aliases {sorted(_PRE_ALIASES)})")
-    merges = []
-    for m in meta.get("tokenizer.ggml.merges", []):
-        cut = m.find(" ", 1)  # as llama.cpp: the first space after the first character
-        merges.append((m[:cut], m[cut + 1 :]))
-    vocab = {t: i for i, t in enumerate(tokens)}
-    tok = _Tok(models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_REGEXES[pre]]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    # Control (and unknown) tokens are parsed only with allow_special; user-defined ones always.
-    tok.add_tokens([AddedToken(tokens[i], special=t in (CONTROL, UNKNOWN), normalized=False)
-                    for i, t in enumerate(types) if t in (CONTROL, UNKNOWN, USER_DEFINED)])
+    merges = _gguf_merges(_gguf_meta(meta, "tokenizer.ggml.merges", list, []), vocab)
     bos_id, eos_ids = _gguf_special_ids(meta, tokens, types)
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", pre == "llama3"))
-    return HFTokenizer(tok, bos_id, eos_ids, add_bos, meta.get("tokenizer.chat_template"), byte_level=True)
+    add_bos = _gguf_meta(meta, "tokenizer.ggml.add_bos_token", bool, pre == "llama3")
+    template = _gguf_meta(meta, "tokenizer.chat_template", str, None)
+    with _library_errors("tokenizers"):
+        tok = _Tok(models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES))
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_REGEXES[pre]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+        tok.decoder = decoders.ByteLevel()
+        # Control (and unknown) tokens are parsed only with allow_special; user-defined ones always.
+        tok.add_tokens([AddedToken(tokens[i], special=t in (CONTROL, UNKNOWN), normalized=False)
+                        for i, t in enumerate(types) if t in (CONTROL, UNKNOWN, USER_DEFINED)])
+        return HFTokenizer(tok, bos_id, eos_ids, add_bos, template, byte_level=True)
+
+
+def _gguf_merges(merges: list, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """"a b" strings split as llama.cpp does (at the first space after the first character),
+    each checked to join two tokens of the vocabulary into a third."""
+    pairs = []
+    for i, m in enumerate(merges):
+        cut = m.find(" ", 1) if isinstance(m, str) else -1
+        if cut < 0:
+            raise TokenizerError(f"GGUF merge {i} ({m!r:.60}) is not two tokens separated by a space")
+        a, b = m[:cut], m[cut + 1 :]
+        missing = next((t for t in (a, b, a + b) if t not in vocab), None)
+        if missing is not None:
+            raise TokenizerError(f"GGUF merge {i} ({m!r:.60}) uses {missing!r:.60}, which is not in the vocabulary")
+        pairs.append((a, b))
+    return pairs
+
+
+def _gguf_meta(meta: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """A tokenizer metadata value checked to be of ``kind`` (bool is not an int here)."""
+    value = meta.get(key, default)
+    if value is not default and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise TokenizerError(f"GGUF metadata {key} is a {type(value).__name__}, expected {kind.__name__}")
+    return value
+
+
+def gguf_vocab(meta: dict[str, Any]) -> tuple[list[str], list[int], list[float]]:
+    """The tokens, their types and scores, checked to be lists of one length."""
+    tokens = _gguf_meta(meta, "tokenizer.ggml.tokens", list, None)
+    if not tokens or not all(isinstance(t, str) for t in tokens):
+        raise TokenizerError("GGUF metadata tokenizer.ggml.tokens must be a non-empty list of strings")
+    n = len(tokens)
+    types = _gguf_meta(meta, "tokenizer.ggml.token_type", list, None) or [NORMAL] * n
+    scores = _gguf_meta(meta, "tokenizer.ggml.scores", list, None) or [0.0] * n
+    if len(types) != n or not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
+        raise TokenizerError(f"GGUF metadata tokenizer.ggml.token_type must be {n} integers, one per token")
+    if len(scores) != n or not all(_is_number(x) and abs(x) <= _F32_MAX for x in scores):
+        raise TokenizerError(f"GGUF metadata tokenizer.ggml.scores must be {n} float32 numbers, one per token")
+    return tokens, types, scores
+
+
+def _gguf_special_id(meta: dict[str, Any], key: str, n_tokens: int, default: int | None = None) -> int | None:
+    value = _gguf_meta(meta, f"tokenizer.ggml.{key}_token_id", int, default)
+    if value is not None and not 0 <= value < n_tokens:
+        raise TokenizerError(f"GGUF metadata tokenizer.ggml.{key}_token_id {value} is not below the "
+                             f"vocabulary size {n_tokens}")
+    return value
 
 
 def _gguf_special_ids(meta: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[int | None, list[int]]:
-    bos_id = meta.get("tokenizer.ggml.bos_token_id")
-    eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    n = len(tokens)
+    bos_id = _gguf_special_id(meta, "bos", n)
+    eos = [_gguf_special_id(meta, k, n) for k in ("eos", "eot", "eom")]
     eos += [i for i, t in enumerate(tokens) if t in _EOG_TEXTS and types[i] in (CONTROL, USER_DEFINED)]
-    return (None if bos_id is None else int(bos_id)), [int(e) for e in eos if e is not None]
+    return bos_id, [e for e in eos if e is not None]
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,7 +556,10 @@ class SentencePieceTokenizer(Tokenizer):
     def _piece_bytes(self, i: int) -> bytes:
         piece = self._sp.id_to_piece(i)
         if self._sp.is_byte(i):
-            return bytes([int(piece[3:5], 16)])
+            m = _BYTE_PIECE.match(piece)
+            if m is None:
+                raise TokenizerError(f"SentencePiece byte piece {i} is {piece!r:.60}, expected <0xXX>")
+            return bytes([int(m.group(1), 16)])
         if self._sp.is_control(i) or self._sp.is_unknown(i):
             return piece.encode()
         return piece.replace("▁", " ").encode()
@@ -386,7 +569,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.get_piece_size()
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_bytes(self._sp.serialized_model_proto())
+        atomic_write(path, self._sp.serialized_model_proto())
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         # sentencepiece never matches control pieces in text, so split them out first; each
@@ -437,11 +620,12 @@ def sentencepiece_model_proto(
     ``pieces`` are (piece, score, type) with the GGUF/SentencePiece type enum. Written by
     hand so that no protobuf package is needed.
     """
+    _check_sp_pieces(pieces)
     body = bytearray()
     for piece, score, kind in pieces:
         body += _pb_len(1, _pb_len(1, piece.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", score)
                         + _pb_int(3, kind))
-    byte_fallback = sum(1 for _, _, k in pieces if k == BYTE) == 256
+    byte_fallback = any(k == BYTE for _, _, k in pieces)
     trainer = (_pb_int(3, 2)  # model_type = BPE
                + _pb_int(4, len(pieces))
                + _pb_int(35, int(byte_fallback))
@@ -460,38 +644,126 @@ def sentencepiece_model_proto(
     return bytes(body)
 
 
-def _sp_from_proto(proto: bytes) -> Any:
+def _check_sp_pieces(pieces: Sequence[tuple[str, float, int]]) -> None:
+    """What SentencePiece demands of pieces: non-empty, no NUL, and byte pieces spelled
+    <0xXX>, all 256 of them or none (byte fallback needs every byte)."""
+    for i, (piece, _, kind) in enumerate(pieces):
+        if not piece or "\0" in piece:
+            raise TokenizerError(f"piece {i} is {piece!r:.60}; pieces are non-empty, without NUL")
+        if kind == BYTE and not _BYTE_PIECE.match(piece):
+            raise TokenizerError(f"piece {i} ({piece!r:.60}) has the byte type but is not spelled <0xXX>")
+    n_bytes = len({p for p, _, k in pieces if k == BYTE})
+    if n_bytes not in (0, 256):
+        raise TokenizerError(f"{n_bytes} distinct byte pieces; byte fallback needs all 256 (<0x00> to <0xFF>)")
+
+
+def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise TokenizerError(f"protobuf varint at byte {pos} is cut off or longer than 10 bytes")
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _protobuf_fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of a protobuf message in data[start:end]; the value of
+    a length-delimited field is its (start, end) span. Every length is checked against end."""
+    pos = start
+    while pos < end:
+        key, pos = _read_varint(data, pos, end)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos, end)
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            if pos + size > end:
+                raise TokenizerError(f"protobuf field {field} at byte {pos} runs past its message")
+            value, pos = data[pos : pos + size], pos + size
+        elif wire == 2:
+            n, pos = _read_varint(data, pos, end)
+            if n > end - pos:
+                raise TokenizerError(f"protobuf field {field} at byte {pos} says {n} bytes, {end - pos} are left")
+            value, pos = (pos, pos + n), pos + n
+        else:
+            raise TokenizerError(f"protobuf field {field} before byte {pos} has wire type {wire}, "
+                                 "which a SentencePiece model does not use")
+        yield field, wire, value
+
+
+# SentencePiece ModelProto: 1 pieces {1 piece, 2 score, 3 type}; 2 trainer_spec, 3 normalizer_spec,
+# 4 self_test_data, 5 denormalizer_spec (messages whose wire format is checked, not their contents).
+_SP_MESSAGES = (2, 3, 4, 5)
+
+
+def check_sentencepiece_model(data: bytes) -> None:
+    """The structure of a SentencePiece .model: well-formed protobuf, pieces that are
+    non-empty distinct UTF-8 strings. What is left (the specs' values) SentencePiece checks."""
+    seen: set[str] = set()
+    for field, wire, value in _protobuf_fields(data, 0, len(data)):
+        if field == 0:
+            raise TokenizerError("SentencePiece model has a protobuf field numbered 0")
+        if (field == 1 or field in _SP_MESSAGES) and wire != 2:
+            raise TokenizerError(f"SentencePiece model field {field} has wire type {wire}, expected a message")
+        if field == 1:
+            piece = _sp_piece(data, *value, index=len(seen))
+            if piece in seen:
+                raise TokenizerError(f"SentencePiece piece {len(seen)} ({piece!r:.60}) appears twice")
+            seen.add(piece)
+        elif field in _SP_MESSAGES:
+            for _ in _protobuf_fields(data, *value):
+                pass
+        # other fields are unknown to this version and skipped, as protobuf does
+    if not seen:
+        raise TokenizerError("SentencePiece model has no pieces")
+
+
+def _sp_piece(data: bytes, start: int, end: int, index: int) -> str:
+    piece = None
+    for field, wire, value in _protobuf_fields(data, start, end):
+        if field == 1 and wire == 2:
+            try:
+                piece = data[value[0] : value[1]].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TokenizerError(f"SentencePiece piece {index} is not UTF-8 (byte {value[0] + e.start})") from e
+    if not piece or "\0" in piece:
+        raise TokenizerError(f"SentencePiece piece {index} is {piece!r:.60}; pieces are non-empty, without NUL")
+    return piece
+
+
+def _sp_tokenizer(proto: bytes, eos_ids: Sequence[int] = (), add_bos: bool = True,
+                  chat_template: str | None = None) -> SentencePieceTokenizer:
+    """A SentencePiece model from its serialized proto (what a .model file holds)."""
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor()
-    try:
+    with _library_errors("SentencePiece"):
+        sp = spm.SentencePieceProcessor()
         sp.LoadFromSerializedProto(proto)
-    except (RuntimeError, OSError) as e:
-        raise TokenizerError(f"SentencePiece rejected the vocabulary: {e}") from e
-    return sp
+        return SentencePieceTokenizer(sp, eos_ids, add_bos, chat_template)
 
 
 def gguf_spm_tokenizer(meta: dict[str, Any]) -> SentencePieceTokenizer:
     """Rebuild a GGUF's llama-style (SentencePiece BPE) vocabulary as a SentencePiece model."""
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
-    types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    tokens, types, scores = gguf_vocab(meta)
     if len(set(tokens)) != len(tokens):
         raise TokenizerError("GGUF vocabulary has duplicate pieces; SentencePiece cannot load it")
-    unk = int(meta.get("tokenizer.ggml.unknown_token_id", 0))
-    bos, eos = meta.get("tokenizer.ggml.bos_token_id", 1), meta.get("tokenizer.ggml.eos_token_id", 2)
-    proto = sentencepiece_model_proto(list(zip(tokens, scores, types)), unk, bos, eos,
-                                      add_dummy_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+    n = len(tokens)
+    unk = _gguf_special_id(meta, "unknown", n, min(0, n - 1))
+    bos, eos = _gguf_special_id(meta, "bos", n, min(1, n - 1)), _gguf_special_id(meta, "eos", n, min(2, n - 1))
+    proto = sentencepiece_model_proto(list(zip(tokens, scores, types)), unk, bos, eos, add_dummy_prefix=bool(
+        _gguf_meta(meta, "tokenizer.ggml.add_space_prefix", bool, True)))
     _, eos_ids = _gguf_special_ids(meta, tokens, types)
-    return SentencePieceTokenizer(_sp_from_proto(proto), eos_ids,
-                                  add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
-                                  chat_template=meta.get("tokenizer.chat_template"))
+    return _sp_tokenizer(proto, eos_ids, add_bos=_gguf_meta(meta, "tokenizer.ggml.add_bos_token", bool, True),
+                         chat_template=_gguf_meta(meta, "tokenizer.chat_template", str, None))
 
 
 def load_sentencepiece(path: str | os.PathLike) -> SentencePieceTokenizer:
-    import sentencepiece as spm
-
-    return SentencePieceTokenizer(spm.SentencePieceProcessor(model_file=str(path)))
+    data = Path(path).read_bytes()
+    check_sentencepiece_model(data)
+    return _sp_tokenizer(data)
 
 
 def read_llama2c_tokenizer(path: str | os.PathLike) -> list[tuple[str, float]]:
@@ -504,8 +776,16 @@ def read_llama2c_tokenizer(path: str | os.PathLike) -> list[tuple[str, float]]:
             raise TokenizerError(f"{path}: truncated llama2.c tokenizer record at byte {pos}")
         score, length = struct.unpack_from("<fi", data, pos)
         pos += 8
-        out.append((data[pos : pos + length].decode("utf-8", errors="replace"), score))
+        if not 0 <= length <= len(data) - pos:
+            raise TokenizerError(f"{path}: token {len(out)} at byte {pos - 8} says it is {length} bytes long, "
+                                 f"but {len(data) - pos} bytes are left")
+        try:
+            out.append((data[pos : pos + length].decode("utf-8"), score))
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{path}: token {len(out)} at byte {pos} is not UTF-8") from e
         pos += length
+    if len(out) < 3:
+        raise TokenizerError(f"{path}: {len(out)} tokens; a llama2.c vocabulary starts with unk, bos and eos")
     return out
 
 
@@ -524,7 +804,7 @@ def load_llama2c(path: str | os.PathLike) -> SentencePieceTokenizer:
             pieces.append((text, score, BYTE))
         else:
             pieces.append((text.replace(" ", "▁"), score, NORMAL))
-    return SentencePieceTokenizer(_sp_from_proto(sentencepiece_model_proto(pieces, 0, 1, 2)))
+    return _sp_tokenizer(sentencepiece_model_proto(pieces, 0, 1, 2))
 
 
 # ---------------------------------------------------------------------------------------
@@ -556,8 +836,9 @@ class TiktokenTokenizer(Tokenizer):
         self._ranks = ranks
         base = len(ranks)
         self.special_tokens = {t: base + i for i, t in enumerate(llama3_special_tokens())}
-        self._enc = tiktoken.Encoding(name=name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
-                                      special_tokens=self.special_tokens)
+        with _library_errors("tiktoken"):
+            self._enc = tiktoken.Encoding(name=name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
+                                          special_tokens=self.special_tokens)
         self.bos_id = self.special_tokens["<|begin_of_text|>"]
         self.eos_ids = tuple(self.special_tokens[t] for t in ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>"))
         self.add_bos = True
@@ -569,7 +850,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def save(self, path: str | os.PathLike) -> None:
         lines = (f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(self._ranks.items(), key=lambda kv: kv[1]))
-        Path(path).write_text("".join(lines))
+        atomic_write(path, "".join(lines))
 
     def _encode(self, text: str, allow_special: bool) -> list[int]:
         return self._enc.encode(text, allowed_special="all" if allow_special else set(), disallowed_special=())
@@ -581,15 +862,25 @@ class TiktokenTokenizer(Tokenizer):
 
 
 def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
-    ranks = {}
+    """token -> rank, checked as byte-level BPE needs: distinct tokens ranked 0..n-1, every
+    single byte among them (so any text can be encoded)."""
+    ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(Path(path).read_bytes().splitlines(), 1):
         if not line:
             continue
         try:
             token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
+            token, rank = base64.b64decode(token, validate=True), int(rank)
         except ValueError as e:
             raise TokenizerError(f"{path}:{lineno}: not a tiktoken 'base64 rank' line") from e
+        if not token or token in ranks:
+            raise TokenizerError(f"{path}:{lineno}: token {token!r:.60} is empty or listed twice")
+        ranks[token] = rank
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise TokenizerError(f"{path}: the ranks of the {len(ranks)} tokens are not 0..{len(ranks) - 1}, each once")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(f"{path}: {len(missing)} single bytes (first {missing[0]:#04x}) have no token")
     return ranks
 
 
@@ -613,7 +904,8 @@ def load_tokenizer(path: Any, *, bos_id: int | None = None, eos_ids: Sequence[in
     arguments, when given, replace what the files say (a runner passes the values stored in
     the program's metadata).
     """
-    tok = _load_tokenizer(path)
+    with naming(path.path if hasattr(path, "metadata") else path):  # a GGUFFile or a path
+        tok = _load_tokenizer(path)
     if bos_id is not None:
         tok.bos_id = bos_id
     if eos_ids is not None:
@@ -639,7 +931,7 @@ def _load_tokenizer(path: Any) -> Tokenizer:
     if path.suffix == ".gguf":
         from execupy.llm.gguf_loader import GGUFFile
 
-        return tokenizer_from_gguf_metadata(GGUFFile(path).metadata)
+        return tokenizer_from_gguf_metadata(GGUFFile(path, metadata_only=True).metadata)
     if path.suffix == ".json":
         return load_hf_tokenizer(path)
     if path.suffix == ".bin":
@@ -650,7 +942,7 @@ def _load_tokenizer(path: Any) -> Tokenizer:
 
 
 def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> Tokenizer:
-    kind = meta.get("tokenizer.ggml.model")
+    kind = _gguf_meta(meta, "tokenizer.ggml.model", str, None)
     if kind == "gpt2":
         return gguf_bpe_tokenizer(meta)
     if kind == "llama":

@@ -26,6 +26,7 @@ from ..errors import (
 )
 from ..schema import program as P
 from ..kernels.registry import get_kernel
+from ..kernels.selection import missing_kernel_reason
 from .backends import BackendContext, backend_names, get_backend
 
 Step = Callable[[], Optional[int]]  # returns a jump destination, or None to fall through
@@ -47,6 +48,22 @@ def _view(buf: np.ndarray, dtype: np.dtype, sizes: Sequence[int], dim_order: Seq
     if list(dim_order) == list(range(len(dim_order))):
         return arr
     return arr.transpose(np.argsort(dim_order))
+
+
+def _expected_shape(shape: tuple[int, ...], t: P.Tensor) -> Optional[str]:
+    """What value `t` expects when a tensor of `shape` cannot take its place; None when it can.
+
+    The tensor's shape_dynamism decides, whether or not its memory is planned: ExecuTorch's
+    LLM export leaves the token input unplanned yet DYNAMIC_BOUND. DYNAMIC_UNBOUND is held to
+    the upper bound as well, as ExecuTorch's runtime does."""
+    upper = tuple(t.sizes)
+    if len(shape) != len(upper):
+        return f"rank {len(upper)}, shape {upper}"
+    if t.shape_dynamism == P.TensorShapeDynamism.STATIC:
+        return None if shape == upper else str(upper)
+    if any(s > u for s, u in zip(shape, upper)):
+        return f"at most {upper}, the upper bound the program was exported with"
+    return None
 
 
 def _numel(sizes: Sequence[int]) -> int:
@@ -75,7 +92,7 @@ class Method:
         self._slots = self._runtime_written_values()
         for i, v in enumerate(plan.values):
             self.values[i] = self._materialize(i, v)
-        instructions = plan.chains[0].instructions if plan.chains else []
+        instructions = plan.instructions
         if len(plan.chains) > 1:
             raise MalformedProgramError(f"method {self.name!r} has {len(plan.chains)} chains; only one is supported")
         self._has_jumps = any(isinstance(ins, P.JumpFalseCall) for ins in instructions)
@@ -127,8 +144,7 @@ class Method:
         """Values whose Python object may change during execute (read at call time)."""
         plan = self.plan
         slots: set[int] = set()
-        instructions = plan.chains[0].instructions if plan.chains else []
-        for ins in instructions:
+        for ins in plan.instructions:
             if isinstance(ins, P.KernelCall) and ins.args:
                 ret = ins.args[-1]
                 if 0 <= ret < len(plan.values) and not isinstance(plan.values[ret], (P.Tensor, P.TensorList)):
@@ -146,17 +162,9 @@ class Method:
     def _materialize(self, i: int, v: P.EValue) -> Any:
         if isinstance(v, P.Tensor):
             return self._tensor(i, v)
-        if isinstance(v, P.Int):
-            return v.int_val
-        if isinstance(v, P.Double):
-            return v.double_val
-        if isinstance(v, P.Bool):
-            return v.bool_val
-        if isinstance(v, P.String):
-            return v.string_val
-        if isinstance(v, P.Null):
-            return None
-        # Lists are resolved when instructions are bound (they point at other values).
+        if P.is_scalar(v):
+            return P.scalar_value(v)
+        # Null is None; lists are resolved when instructions are bound (they point at other values).
         return None
 
     def _tensor(self, i: int, t: P.Tensor) -> np.ndarray:
@@ -266,8 +274,14 @@ class Method:
             return lambda r: self._place_dynamic(ret, r)
         if ret in self._unplanned:
             dtype = P.numpy_dtype(v.scalar_type)
+
             def store_unplanned(r):
-                values[ret] = np.asarray(r, dtype)
+                r = np.asarray(r, dtype)
+                expected = _expected_shape(r.shape, v)
+                if expected:
+                    raise KernelError(f"value {ret}: the result has shape {r.shape}; the program expects {expected}")
+                values[ret] = r
+
             return store_unplanned
 
         def store_static(r):
@@ -311,7 +325,7 @@ class Method:
         if isinstance(ins, P.JumpFalseCall):
             cond = self._check_index(ins.cond_value_index, "jump condition")
             dest = ins.destination_instruction
-            n = len(self.plan.chains[0].instructions)
+            n = len(self.plan.instructions)
             if not 0 <= dest <= n:
                 raise MalformedProgramError(f"method {self.name!r}: jump at {pc} to {dest}, outside 0..{n}")
             self._op_names.append("JumpFalseCall")
@@ -342,9 +356,7 @@ class Method:
         fn = get_kernel(key)
         if fn is None:
             raise UnsupportedOperatorError(
-                f"operator {key} (method {self.name!r}, instruction {pc}) has no kernel in execupy; "
-                f"register one with execupy.runtime.register_kernel({key!r})"
-            )
+                f"operator {key} (method {self.name!r}, instruction {pc}) {missing_kernel_reason(key)}")
         if not ins.args:
             raise MalformedProgramError(f"method {self.name!r}: instruction {pc} ({key}) has no arguments")
         if key == "executorch_prim::et_copy_index.tensor":
@@ -424,37 +436,27 @@ class Method:
 
             return set_scalar
         dtype = P.numpy_dtype(v.scalar_type)
-        upper = tuple(v.sizes)
 
         def check(x) -> np.ndarray:
             arr = x if isinstance(x, np.ndarray) else np.asarray(x)
             if arr.dtype != dtype:
                 raise InvalidInputError(f"input {k} has dtype {arr.dtype}, but method {self.name!r} expects {dtype}")
-            if arr.ndim != len(upper):
-                raise InvalidInputError(
-                    f"input {k} has shape {arr.shape} (rank {arr.ndim}); method {self.name!r} expects rank "
-                    f"{len(upper)}, shape {upper}"
-                )
+            expected = _expected_shape(arr.shape, v)
+            if expected:
+                raise InvalidInputError(f"input {k} has shape {arr.shape}; method {self.name!r} expects {expected}")
             return arr
 
         if i in self._dynamic:
             def set_dynamic(x):
-                arr = check(x)
-                if any(s > u for s, u in zip(arr.shape, upper)):
-                    raise InvalidInputError(
-                        f"input {k} has shape {arr.shape}, beyond the upper bound {upper} the program was exported with"
-                    )
-                self._place_dynamic(i, arr)
+                self._place_dynamic(i, check(x))
             return set_dynamic
+        if i in self._unplanned:
+            def set_unplanned(x):  # no planned bytes: the value is the caller's array, as ExecuTorch shares it
+                values[i] = check(x)
+            return set_unplanned
 
         def set_static(x):
-            arr = check(x)
-            if arr.shape != upper:
-                raise InvalidInputError(f"input {k} has shape {arr.shape}, method {self.name!r} expects {upper}")
-            if i in self._unplanned:
-                values[i] = arr
-            else:
-                np.copyto(values[i], arr)
+            np.copyto(values[i], check(x))
 
         return set_static
 

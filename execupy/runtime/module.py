@@ -11,7 +11,7 @@ from .program import Program
 
 
 def unflatten(flat: list, encoded_out_str: str) -> Any:
-    """Re-nest flat outputs with the JSON tree spec written by the exporter (pte-format §3.8).
+    """Re-nest flat outputs with the JSON tree spec written by the exporter (docs/format.md §22).
 
     Falls back to the flat list when the spec is absent or unreadable.
     """

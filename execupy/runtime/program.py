@@ -59,11 +59,9 @@ def value_info(value: P.EValue) -> Union[TensorInfo, ScalarInfo]:
         except KeyError:
             raise MalformedProgramError(f"unsupported scalar type {value.scalar_type}") from None
         return TensorInfo(dtype, tuple(value.sizes), value.shape_dynamism != 0, tuple(value.dim_order))
-    kinds = {P.Int: ("int", "int_val"), P.Double: ("float", "double_val"), P.Bool: ("bool", "bool_val"),
-             P.String: ("str", "string_val")}
-    if type(value) in kinds:
-        kind, attr = kinds[type(value)]
-        return ScalarInfo(kind, getattr(value, attr))
+    if P.is_scalar(value):
+        scalar = P.scalar_value(value)
+        return ScalarInfo(type(scalar).__name__, scalar)  # "int", "float", "bool" or "str"
     if isinstance(value, P.Null):
         return ScalarInfo("none", None)
     return ScalarInfo("list", list(getattr(value, "items", [])))
@@ -126,13 +124,12 @@ class Program:
                 raise MalformedProgramError(f"method {name!r}: value index {i} out of range")
             return value_info(vals[i])
 
-        instructions = plan.chains[0].instructions if plan.chains else []
         return MethodMeta(
             name=name,
             inputs=[info(i) for i in plan.inputs],
             outputs=[info(i) for i in plan.outputs],
             planned_buffer_sizes=list(plan.non_const_buffer_sizes[1:]),
-            num_instructions=len(instructions),
+            num_instructions=len(plan.instructions),
             operators=[op.key for op in plan.operators],
             backends=[d.id for d in plan.delegates],
         )

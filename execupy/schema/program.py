@@ -1,7 +1,7 @@
 """The ExecuTorch Program data model (schema `executorch_flatbuffer`, file id `ET12`).
 
 One dataclass per flatbuffer table, with the field names of the schema
-(see shared/design/pte-format.md §2). Unions are plain Python unions: an EValue is
+(see docs/format.md §10-§11). Unions are plain Python unions: an EValue is
 just one of the value classes below, an Instruction one of the instruction classes.
 Defaults equal the schema defaults, so an absent field reads as the default.
 """
@@ -195,6 +195,41 @@ class OptionalTensorList:
 EValue = Union[
     Null, Int, Bool, Double, Tensor, String, IntList, DoubleList, BoolList, TensorList, OptionalTensorList
 ]
+# The scalar EValues: the field that holds each one's value, and that value's Python type.
+_SCALAR_FIELDS: dict[type, tuple[str, type]] = {
+    Int: ("int_val", int), Double: ("double_val", float), Bool: ("bool_val", bool), String: ("string_val", str),
+}
+
+
+def is_scalar(value: object) -> bool:
+    """Whether `value` is an Int, Double, Bool or String EValue (one Python scalar)."""
+    return type(value) in _SCALAR_FIELDS
+
+
+def scalar_value(value: EValue) -> Union[int, float, bool, str]:
+    """The Python value an Int, Double, Bool or String holds, as a plain int/float/bool/str."""
+    try:
+        field_name, python_type = _SCALAR_FIELDS[type(value)]
+    except KeyError:
+        raise TypeError(f"{type(value).__name__} is not a scalar EValue") from None
+    return python_type(getattr(value, field_name))
+
+
+def scalar_evalue(x: object) -> Optional[EValue]:
+    """The EValue holding a Python bool, int, float or str (Null for None); None for other types."""
+    if x is None:
+        return Null()
+    if isinstance(x, bool):  # before int: a bool is an int to Python
+        return Bool(x)
+    if isinstance(x, int):
+        return Int(x)
+    if isinstance(x, float):
+        return Double(x)
+    if isinstance(x, str):
+        return String(x)
+    return None
+
+
 # KernelTypes union tags, in schema order (tag 0 = NONE).
 EVALUE_TAGS: dict[type, int] = {
     Null: 1, Int: 2, Bool: 3, Double: 4, Tensor: 5, String: 6, IntList: 7,
@@ -319,6 +354,11 @@ class ExecutionPlan:
     delegates: list[BackendDelegate] = field(default_factory=list)
     non_const_buffer_sizes: list[int] = field(default_factory=list)
     non_const_buffer_device: Optional[list[NonConstBufferDevice]] = None
+
+    @property
+    def instructions(self) -> list[Instruction]:
+        """The instructions of the plan's first chain (the only one a runtime runs), or none."""
+        return self.chains[0].instructions if self.chains else []
 
 
 # ---------------------------------------------------------------------------- program

@@ -1,4 +1,4 @@
-"""Write Program dataclasses to a `.pte` file (shared/design/pte-format.md §1-§2).
+"""Write Program dataclasses to a `.pte` file (docs/format.md §2-§10).
 
 The flatbuffer is built with the `flatbuffers` package's Builder, one small function
 per table, mirroring schema/reader.py. Builders work back to front, so every function
@@ -31,7 +31,7 @@ from .reader import FILE_IDENTIFIER, HEADER_MAGIC
 BytesLike = Union[bytes, bytearray, memoryview]
 
 # The extended header the reference writes: magic, length, program_size,
-# segment_base_offset, segment_data_size (§1.3).
+# segment_base_offset, segment_data_size (docs/format.md §4).
 _HEADER_LENGTH = 32
 
 
@@ -53,7 +53,7 @@ def write_pte(
     """Serialize `program` and its segments into the bytes of a `.pte` file.
 
     `segment_data[i]` holds the bytes of `program.segments[i]`; the offsets and sizes
-    in `program.segments` are recomputed from it (§1.4), the input is not modified.
+    in `program.segments` are recomputed from it (docs/format.md §5), the input is not modified.
     `constant_tensor_alignment` / `delegate_alignment` are the `force_align` of the
     inline constant buffers / inline delegate payloads (16 in the reference schema).
     """
@@ -61,7 +61,7 @@ def write_pte(
     program = dataclasses.replace(program, segments=segments)
     fb = _serialize(program, constant_tensor_alignment, delegate_alignment)
     if not blob:
-        return fb  # no segment bytes: no extended header (§1.3 sharp edge)
+        return fb  # no segment bytes: no extended header (docs/format.md §4)
     max_align = max(16, constant_tensor_alignment, delegate_alignment)
     return _splice_header(fb, blob, max_align, segment_alignment)
 
@@ -85,7 +85,7 @@ def layout_segments(
 
 
 def pack_constants(blobs: Sequence[BytesLike], alignment: int = 16) -> tuple[bytes, list[int]]:
-    """The constant segment (§1.5): `blobs[i]` is the data of `data_buffer_idx = i + 1`.
+    """The constant segment (docs/format.md §6): `blobs[i]` is the data of `data_buffer_idx = i + 1`.
 
     Entries are concatenated with zero padding *between* them so that each starts at a
     multiple of `alignment` (none after the last). Returns the segment bytes and the
@@ -95,7 +95,7 @@ def pack_constants(blobs: Sequence[BytesLike], alignment: int = 16) -> tuple[byt
 
 
 def pack_mutable_data(blobs: Sequence[BytesLike]) -> tuple[bytes, list[int]]:
-    """The mutable-data segment (§1.6): like pack_constants but with no padding at all."""
+    """The mutable-data segment (docs/format.md §7): like pack_constants but with no padding at all."""
     return _pack(blobs, 1)
 
 
@@ -114,7 +114,7 @@ def _pack(blobs: Sequence[BytesLike], alignment: int) -> tuple[bytes, list[int]]
 
 
 def _splice_header(fb: bytes, blob: bytes, max_align: int, segment_alignment: int) -> bytes:
-    """Insert the eh00 header after the flatbuffer preamble and append the segments (§1.3)."""
+    """Insert the eh00 header after the flatbuffer preamble and append the segments (docs/format.md §4)."""
     hdr_len = align_up(_HEADER_LENGTH, max_align)
     program_size = len(fb) + hdr_len
     base = align_up(program_size, segment_alignment)

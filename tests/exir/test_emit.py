@@ -1,4 +1,4 @@
-"""What the emitter writes, checked against the conventions of pte-format.md §3."""
+"""What the emitter writes, checked against the conventions of docs/format.md §11-§22."""
 from __future__ import annotations
 
 import torch
@@ -32,7 +32,7 @@ def test_linear_is_permute_then_addmm_with_out_twice():
     calls = kernel_calls(plan)
     assert [k for k, _ in calls] == ["aten::permute_copy.out", "aten::addmm.out"]
     key, args = calls[1]
-    assert args[-1] == args[-2] == plan.outputs[0]  # out, then the return slot (§3.6)
+    assert args[-1] == args[-2] == plan.outputs[0]  # out, then the return slot (docs/format.md §13)
     beta, alpha = plan.values[args[3]], plan.values[args[4]]
     assert beta == P.Int(1) and alpha == P.Int(1)
     assert plan.non_const_buffer_sizes[0] == 0 and plan.non_const_buffer_sizes[1] > 0
@@ -45,7 +45,7 @@ def test_mutable_buffer_is_planned_and_written_back_last():
     buf, _, non_blocking, ret = args
     assert ret == buf and plan.values[non_blocking] == P.Bool(False)
     state = plan.values[buf]
-    assert state.allocation_info is not None and state.data_buffer_idx == 1  # initial value kept (§1.6)
+    assert state.allocation_info is not None and state.data_buffer_idx == 1  # initial value kept (docs/format.md §7)
     assert program.mutable_data_segments[0].segment_index == 1
     assert buf not in plan.inputs and buf not in plan.outputs
 

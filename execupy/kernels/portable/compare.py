@@ -1,4 +1,4 @@
-"""Comparisons, where, logical and bitwise ops, clamp.
+"""Comparisons, allclose, where, logical and bitwise ops (and shifts), clamp.
 
 Comparisons promote their operands with ATen's `result_type` (a Python scalar does not
 widen a tensor of its own category: `uint8_tensor == -1` compares with 255, and
@@ -110,6 +110,70 @@ def bitwise_not(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """~x; on bool tensors that is logical not."""
     _require_integral(out, "bitwise_not")
     return write(out, np.invert(operand(x, out.dtype)))
+
+
+def _shift(a: Any, b: Any, out: np.ndarray, left: bool, name: str) -> np.ndarray:
+    """a << b or a >> b in the promoted integer dtype, with ATen's rule for shift counts
+    outside [0, bits): a left shift gives 0, a right shift fills with the sign bit.
+    (ExecuTorch's C++ `<<` leaves those undefined; ATen's answer is the defined one.)
+    Bool operands shift as 0/1 integers and the result is nonzero-ness, as in C++."""
+    common = result_type(a, b)
+    if is_float(common):
+        raise TypeError(f"{name} is only defined for integer and bool tensors, got {common}")
+    dtype = np.dtype(np.int8) if common == BOOL else common
+    a, b = np.broadcast_arrays(operand(operand(a, common), dtype), operand(operand(b, common), dtype))
+    bits = dtype.itemsize * 8
+    count = b.astype(np.int64)
+    outside = (count < 0) | (count >= bits)
+    count = np.where(outside, 0, count).astype(dtype)
+    if left:
+        result = np.where(outside, 0, np.left_shift(a, count))
+    else:
+        result = np.where(outside, np.right_shift(a, bits - 1) if dtype.kind == "i" else 0, np.right_shift(a, count))
+    return write(out, result.astype(dtype, copy=False) != 0 if common == BOOL else result.astype(dtype, copy=False))
+
+
+# `a << b` in Python exports as __lshift__, which ExecuTorch 1.5 has no kernel for; same op.
+@register_kernel("aten::bitwise_left_shift.Tensor_out", "aten::bitwise_left_shift.Tensor_Scalar_out",
+                 "aten::__lshift__.Tensor_out", "aten::__lshift__.Scalar_out")
+def bitwise_left_shift(a: np.ndarray, b: Any, out: np.ndarray) -> np.ndarray:
+    return _shift(a, b, out, left=True, name="bitwise_left_shift")
+
+
+@register_kernel("aten::bitwise_right_shift.Tensor_out", "aten::bitwise_right_shift.Tensor_Scalar_out",
+                 "aten::__rshift__.Tensor_out", "aten::__rshift__.Scalar_out")
+def bitwise_right_shift(a: np.ndarray, b: Any, out: np.ndarray) -> np.ndarray:
+    return _shift(a, b, out, left=False, name="bitwise_right_shift")
+
+
+# ----------------------------------------------------------------------------- allclose
+
+
+def tensors_close(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, equal_nan: bool) -> bool:
+    """torch.allclose: |a - b| <= atol + rtol * |b| everywhere; equal values (infinities
+    too) are close, NaN is close to NaN only with equal_nan. (ExecuTorch 1.5's kernel
+    calls equal infinities far apart, ignores equal_nan and compares integers bytewise.)"""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"allclose: tensors differ in dtype or shape ({a.dtype}{a.shape} vs {b.dtype}{b.shape})")
+    wide = np.dtype(np.float64)
+    return bool(np.allclose(a.astype(wide), b.astype(wide), rtol=float(rtol), atol=float(atol), equal_nan=bool(equal_nan)))
+
+
+@register_kernel("aten::allclose.out")
+def allclose(a: np.ndarray, b: np.ndarray, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False,
+             dummy_param: bool = False, out: np.ndarray = None) -> np.ndarray:
+    """ExecuTorch's out-variant of allclose: the answer goes into a one-element bool tensor."""
+    if out.dtype != BOOL or out.size != 1:
+        raise ValueError(f"allclose: out must be a one-element bool tensor, got {out.dtype}{out.shape}")
+    out.fill(tensors_close(a, b, rtol, atol, equal_nan))
+    return out
+
+
+@register_kernel("aten::allclose.Tensor")
+def allclose_tensor(a: np.ndarray, b: np.ndarray, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False,
+                    dummy_param: bool = False) -> np.ndarray:
+    """The functional form returns a new one-element bool tensor (what ATen mode builds)."""
+    return np.array([tensors_close(a, b, rtol, atol, equal_nan)])
 
 
 # ----------------------------------------------------------------------------- clamp

@@ -1,4 +1,5 @@
-"""Creation kernels: full, zeros, ones, empty (and their _like forms), arange, scalar_tensor.
+"""Creation kernels: full, zeros, ones, empty (and their _like forms), fill, arange,
+scalar_tensor, and the random rand and randn.
 
 Sizes come from the program, possibly computed at run time, so every requested shape
 is validated with `check_created` before anything is allocated (a hostile program must
@@ -9,10 +10,13 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from ..registry import register_kernel
-from ._util import check_created, is_float, write
+from ._util import check_created, is_float, random_generator, write
+from .binary import check_scalar_fits
+from .shape import same_dtype
 
 
 def filled(shape: Sequence[int], value, out: np.ndarray) -> np.ndarray:
@@ -54,6 +58,23 @@ def zeros_like(x: np.ndarray, memory_format: Optional[int] = None, out: np.ndarr
 @register_kernel("aten::ones_like.out")
 def ones_like(x: np.ndarray, memory_format: Optional[int] = None, out: np.ndarray = None) -> np.ndarray:
     return filled(x.shape, 1, out)
+
+
+@register_kernel("aten::fill.Scalar_out")
+def fill_scalar(x: np.ndarray, value, out: np.ndarray) -> np.ndarray:
+    """A tensor shaped like x, all `value` (an integer that overflows x's dtype is an error)."""
+    same_dtype(x, out, "fill")
+    check_scalar_fits(value, x.dtype, "fill value")
+    return filled(x.shape, value, out)
+
+
+@register_kernel("aten::fill.Tensor_out")
+def fill_tensor(x: np.ndarray, value: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """fill with the one element of a 0-dim `value` tensor, cast to x's dtype."""
+    same_dtype(x, out, "fill")
+    if value.ndim != 0:
+        raise ValueError(f"fill: the value tensor must be 0-dim, got shape {value.shape}")
+    return filled(x.shape, value, out)
 
 
 def uninitialized(shape: Sequence[int], out: np.ndarray) -> np.ndarray:
@@ -111,3 +132,29 @@ def arange_start(start, end, step=1, out: np.ndarray = None) -> np.ndarray:
 @register_kernel("aten::arange.out")
 def arange(end, out: np.ndarray) -> np.ndarray:
     return arange_start(0, end, 1, out)
+
+
+# ----------------------------------------------------------------------------- random
+
+
+def _random_dtype(out: np.ndarray, name: str) -> np.dtype:
+    if not is_float(out.dtype) or out.dtype.itemsize < 2:
+        raise TypeError(f"{name}: out must be float16, bfloat16, float32 or float64, got {out.dtype}")
+    return out.dtype
+
+
+@register_kernel("aten::rand.out")
+def rand(size: Sequence[int], out: np.ndarray) -> np.ndarray:
+    """Uniform on [0, 1): multiples of 2**-(mantissa bits + 1), so every value is exact in
+    out's dtype and rounding can never reach 1.0 (also in float16 and bfloat16)."""
+    bits = ml_dtypes.finfo(_random_dtype(out, "rand")).nmant + 1
+    shape = check_created(size)
+    steps = random_generator().integers(0, 1 << bits, size=shape, dtype=np.int64)
+    return write(out, np.ldexp(steps.astype(np.float64), -bits))
+
+
+@register_kernel("aten::randn.out")
+def randn(size: Sequence[int], out: np.ndarray) -> np.ndarray:
+    """Standard normal samples, drawn in float64 and rounded to out's dtype."""
+    _random_dtype(out, "randn")
+    return write(out, random_generator().standard_normal(check_created(size)))

@@ -1,5 +1,6 @@
-"""Indexing kernels: advanced indexing (index, index_put, index_select, masked_fill,
-nonzero), scatter/gather, slice/select scatter, and the ordering ops (topk, sort, cumsum).
+"""Indexing kernels: advanced indexing (index, index_put and index_put_, index_select,
+masked_fill/select/scatter, nonzero), scatter/gather, slice/select scatter, and the
+ordering ops (topk, sort, cumsum).
 
 Semantics follow torch where ExecuTorch's portable kernels differ or are missing:
 indices are bounds-checked (negative ones wrap only where torch allows it), sorting is
@@ -55,19 +56,35 @@ def index(x: np.ndarray, indices: Sequence[Optional[np.ndarray]], out: np.ndarra
     return write(out, x[index_tuple(x, indices)])
 
 
+def put(target: np.ndarray, indices: Sequence[Optional[np.ndarray]], values: np.ndarray, accumulate: bool) -> None:
+    """target[indices] = values (or += with `accumulate`), in place."""
+    where = index_tuple(target, indices)
+    if not accumulate:
+        target[where] = np.asarray(values).astype(target.dtype, copy=False)
+        return
+    # duplicates add up: ufunc.at, in a dtype numpy can do arithmetic in
+    dtype = compute_dtype(target.dtype)
+    work = target if dtype == target.dtype else target.astype(dtype)
+    np.add.at(work, where, np.asarray(values).astype(dtype))
+    if work is not target:
+        np.copyto(target, work, casting="unsafe")
+
+
 @register_kernel("aten::index_put.out")
 def index_put(x: np.ndarray, indices: Sequence[Optional[np.ndarray]], values: np.ndarray,
               accumulate: bool = False, out: np.ndarray = None) -> np.ndarray:
     same_dtype(x, out, "index_put")
-    where = index_tuple(x, indices)
-    if accumulate:  # duplicates add up: ufunc.at, in a dtype numpy can do arithmetic in
-        dtype = compute_dtype(x.dtype)
-        result = start_from(x, out, dtype)
-        np.add.at(result, where, np.asarray(values).astype(dtype))
-    else:
-        result = start_from(x, out, x.dtype)
-        result[where] = np.asarray(values).astype(x.dtype, copy=False)
+    result = start_from(x, out, x.dtype)
+    put(result, indices, values, accumulate)
     return finish(result, out)
+
+
+@register_kernel("aten::index_put_")
+def index_put_(x: np.ndarray, indices: Sequence[Optional[np.ndarray]], values: np.ndarray,
+               accumulate: bool = False) -> np.ndarray:
+    """In place (a mutable buffer, like copy_): returns `x` itself after the update."""
+    put(x, indices, values, accumulate)
+    return x
 
 
 @register_kernel("aten::index_select.out")
@@ -99,6 +116,36 @@ def masked_fill(x: np.ndarray, mask: np.ndarray, value, out: np.ndarray) -> np.n
         raise TypeError(f"masked_fill: mask must be bool, got {mask.dtype}")
     fill = np.asarray(value).astype(out.dtype)
     return write(out, np.where(mask, fill, x.astype(out.dtype, copy=False)))
+
+
+def _mask(mask: np.ndarray, op: str) -> np.ndarray:
+    if mask.dtype != np.bool_:
+        raise TypeError(f"{op}: mask must be bool, got {mask.dtype}")
+    return mask
+
+
+@register_kernel("aten::masked_select.out")
+def masked_select(x: np.ndarray, mask: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The elements of x (broadcast with mask) where mask holds, as a 1-D tensor in row-major
+    order: its length depends on the data, so the result is usually resized."""
+    same_dtype(x, out, "masked_select")
+    x, mask = np.broadcast_arrays(x, _mask(mask, "masked_select"))
+    return write(out, x[mask])
+
+
+@register_kernel("aten::masked_scatter.out")
+def masked_scatter(x: np.ndarray, mask: np.ndarray, source: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """x (broadcast with mask) with the positions where mask holds taken, in row-major order,
+    from the leading elements of source."""
+    same_dtype(x, out, "masked_scatter")
+    same_dtype(source, out, "masked_scatter")
+    x, mask = np.broadcast_arrays(x, _mask(mask, "masked_scatter"))
+    count = int(np.count_nonzero(mask))
+    if count > source.size:
+        raise ValueError(f"masked_scatter: the mask selects {count} elements but source has only {source.size}")
+    result = x.copy()
+    result[mask] = source.reshape(-1)[:count]
+    return write(out, result)
 
 
 @register_kernel("aten::nonzero.out")

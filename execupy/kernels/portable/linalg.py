@@ -1,4 +1,5 @@
-"""Matrix products: mm, bmm, addmm, baddbmm, linear.
+"""Matrix products (mm, bmm, addmm, baddbmm, linear) and pairwise distances (_cdist_forward,
+_pdist_forward).
 
 Floating products go through numpy's BLAS (`np.matmul`), written straight into the
 planned `out` buffer when it is float32/float64 and already has the result's shape.
@@ -95,3 +96,73 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None,
         return write(out, product)
     with np.errstate(all="ignore"):
         return write(out, product + _operand(bias, dtype))
+
+
+# ----------------------------------------------------------------------------- pairwise distances
+
+
+def _p_norm(diff: np.ndarray, p: float) -> np.ndarray:
+    """The p-norm of |differences| along the last axis: p = 0 counts the nonzero ones,
+    p = inf takes the largest."""
+    if p == 0:
+        return np.count_nonzero(diff, axis=-1).astype(diff.dtype)
+    if p == 1:
+        return np.sum(diff, axis=-1)
+    if p == 2:
+        return np.sqrt(np.sum(np.square(diff), axis=-1))
+    if p == np.inf:
+        return np.max(diff, axis=-1, initial=0)
+    return np.power(np.sum(np.power(diff, diff.dtype.type(p)), axis=-1), diff.dtype.type(1 / p))
+
+
+# Differences are materialized a slice at a time: at most this many elements at once.
+_CHUNK = 1 << 22
+
+
+def _chunks(total: int, per_item: int) -> list[slice]:
+    """Slices covering range(total) (at least one, possibly empty), each of at most
+    _CHUNK // per_item items."""
+    step = max(1, _CHUNK // max(1, per_item))
+    return [slice(start, start + step) for start in range(0, max(total, 1), step)]
+
+
+def _distance_dtype(out: np.ndarray, name: str, p: float, *inputs: np.ndarray) -> np.dtype:
+    if not is_float(out.dtype) or any(x.dtype != out.dtype for x in inputs):
+        raise TypeError(f"{name}: inputs and out must share one floating dtype, got "
+                        f"{[x.dtype.name for x in inputs]} and {out.dtype}")
+    if not p >= 0:
+        raise ValueError(f"{name}: p must be non-negative, got {p}")
+    return compute_dtype(out.dtype)
+
+
+@register_kernel("aten::_cdist_forward.out")
+def cdist_forward(x1: np.ndarray, x2: np.ndarray, p: float, compute_mode: Optional[int] = None,
+                  out: np.ndarray = None) -> np.ndarray:
+    """p-norm distance between every row of x1 (.., P, M) and of x2 (.., R, M): (.., P, R),
+    batch dims broadcast. compute_mode only chooses an algorithm in ATen; this is exact."""
+    dtype = _distance_dtype(out, "_cdist_forward", p, x1, x2)
+    if x1.ndim < 2 or x2.ndim < 2 or x1.shape[-1] != x2.shape[-1]:
+        raise ValueError(f"_cdist_forward: shapes {x1.shape} and {x2.shape} are not (.., P, M) and (.., R, M)")
+    if compute_mode is not None and compute_mode not in (0, 1, 2):
+        raise ValueError(f"_cdist_forward: compute_mode must be 0, 1 or 2, got {compute_mode}")
+    a, b = _operand(x1, dtype), _operand(x2, dtype)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    per_row = int(np.prod(batch, dtype=np.int64)) * b.shape[-2] * b.shape[-1]
+    with np.errstate(all="ignore"):
+        parts = [_p_norm(np.abs(a[..., rows, None, :] - b[..., None, :, :]), p)
+                 for rows in _chunks(a.shape[-2], per_row)]
+    return write(out, np.concatenate(parts, axis=-2))
+
+
+@register_kernel("aten::_pdist_forward.out")
+def pdist_forward(x: np.ndarray, p: float = 2, out: np.ndarray = None) -> np.ndarray:
+    """p-norm distance between every pair of rows i < j of an (N, M) matrix, in row-major
+    pair order: N * (N - 1) / 2 values."""
+    dtype = _distance_dtype(out, "_pdist_forward", p, x)
+    if x.ndim != 2:
+        raise ValueError(f"_pdist_forward: expects a 2-D input, got shape {x.shape}")
+    i, j = np.triu_indices(x.shape[0], k=1)
+    rows = _operand(x, dtype)
+    with np.errstate(all="ignore"):
+        parts = [_p_norm(np.abs(rows[i[pairs]] - rows[j[pairs]]), p) for pairs in _chunks(i.size, x.shape[1])]
+    return write(out, np.concatenate(parts))

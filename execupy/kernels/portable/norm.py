@@ -1,4 +1,4 @@
-"""Normalizations: layer norm, batch norm (inference), group norm.
+"""Normalizations: layer norm, batch norm (running or batch statistics), group norm.
 
 Each returns ATen's three outputs (normalized tensor, mean, rstd) as a tuple, because
 the program's return slot is a TensorList. Statistics use the biased variance and are
@@ -76,6 +76,40 @@ def batch_norm_no_training(x: np.ndarray, weight: Optional[np.ndarray], bias: Op
         b = None if bias is None else _float(bias, dtype).reshape(shape)
         y = _affine((_float(x, dtype) - mean) * rstd, w, b)
     return write(out, y), mean_out, rstd_out
+
+
+@register_kernel("aten::_native_batch_norm_legit.out")
+def batch_norm_legit(x: np.ndarray, weight: Optional[np.ndarray], bias: Optional[np.ndarray],
+                     running_mean: np.ndarray, running_var: np.ndarray, training: bool, momentum: float,
+                     eps: float, out: np.ndarray, mean_out: np.ndarray,
+                     rstd_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Batch norm with running statistics. Like ExecuTorch's portable kernel, only inference
+    is supported: training mode would update the running statistics (program constants)."""
+    if training:
+        raise ValueError("_native_batch_norm_legit: training mode is not supported at run time "
+                         "(export the model in eval mode)")
+    return batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps,
+                                  out, mean_out, rstd_out)
+
+
+@register_kernel("aten::_native_batch_norm_legit.no_stats_out")
+def batch_norm_no_stats(x: np.ndarray, weight: Optional[np.ndarray], bias: Optional[np.ndarray], training: bool,
+                        momentum: float, eps: float, out: np.ndarray, mean_out: np.ndarray,
+                        rstd_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Batch norm with the statistics of this batch (there are no running ones): mean and
+    rstd per channel (shape (C,)) over every dim but dim 1, biased variance."""
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: input must have a channel dim, got shape {x.shape}")
+    dtype = compute_dtype(x.dtype)
+    shape = _channel_shape(x)
+    xs = _float(x, dtype)
+    with np.errstate(all="ignore"):
+        mean, rstd = _moments(xs, (0,) + tuple(range(2, x.ndim)), eps)
+        w = None if weight is None else _float(weight, dtype).reshape(shape)
+        b = None if bias is None else _float(bias, dtype).reshape(shape)
+        y = _affine((xs - mean) * rstd, w, b)
+    channels = x.shape[1]
+    return write(out, y), write(mean_out, mean.reshape(channels)), write(rstd_out, rstd.reshape(channels))
 
 
 @register_kernel("aten::native_group_norm.out")

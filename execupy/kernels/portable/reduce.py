@@ -1,5 +1,5 @@
 """Reductions: sum, mean, prod, amax/amin, any/all, argmax/argmin, max/min over a dim,
-var/std, logsumexp.
+var/std/var_mean, logsumexp.
 
 ATen conventions followed throughout:
 
@@ -253,6 +253,11 @@ def min_dim(x: np.ndarray, dim: int, keepdim: bool = False, min: np.ndarray = No
 
 
 def _variance(x: np.ndarray, dim: Dims, correction, keepdim: bool, out: np.ndarray) -> np.ndarray:
+    return _variance_and_mean(x, dim, correction, keepdim, out)[0]
+
+
+def _variance_and_mean(x: np.ndarray, dim: Dims, correction, keepdim: bool,
+                       out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not is_float(out.dtype):
         raise TypeError(f"var/std need a floating output, got {out.dtype}")
     correction = 1 if correction is None else correction
@@ -265,13 +270,21 @@ def _variance(x: np.ndarray, dim: Dims, correction, keepdim: bool, out: np.ndarr
         n = _count(x, axes)
         mean = np.sum(xs, axis=axes, keepdims=True) / acc.type(n)
         squares = np.sum(np.square(xs - mean), axis=axes, keepdims=keepdim)
-        return squares / acc.type(max(0.0, n - correction))
+        return squares / acc.type(max(0.0, n - correction)), mean.reshape(squares.shape)
 
 
 @register_kernel("aten::var.correction_out")
 def var_correction(x: np.ndarray, dim: Dims = None, correction=None, keepdim: bool = False,
                    out: np.ndarray = None) -> np.ndarray:
     return write(out, _variance(x, dim, correction, keepdim, out))
+
+
+@register_kernel("aten::var_mean.correction_out")
+def var_mean_correction(x: np.ndarray, dim: Dims = None, correction=None, keepdim: bool = False,
+                        out0: np.ndarray = None, out1: np.ndarray = None) -> tuple[np.ndarray, np.ndarray]:
+    """(variance, mean) over the same dims, from one computation of the mean."""
+    var, mean = _variance_and_mean(x, dim, correction, keepdim, out0)
+    return write(out0, var), write(out1, mean)
 
 
 @register_kernel("aten::std.correction_out")

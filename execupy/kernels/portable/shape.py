@@ -1,6 +1,6 @@
 """Shape and copy kernels: views that copy (permute, view, expand, squeeze, select,
 slice, ...), joins and splits (cat, stack, split, unbind), reorderings (flip, roll,
-repeat), padding, triangular masks and the plain copies and casts.
+repeat, repeat_interleave), triangular masks and the plain copies and casts.
 
 ExecuTorch has no real views at run time: every `*_copy` op writes a fresh tensor. The
 result dtype is always `out.dtype`; the pure data-movement ops insist that it equals the
@@ -314,31 +314,19 @@ def repeat(x: np.ndarray, repeats: Sequence[int], out: np.ndarray) -> np.ndarray
     return write(out, np.tile(lifted, repeats))
 
 
-@register_kernel("aten::constant_pad_nd.out")
-def constant_pad_nd(x: np.ndarray, pad: Sequence[int], value=0, out: np.ndarray = None) -> np.ndarray:
-    """`pad` pairs (before, after) start at the last dim; negative amounts crop."""
-    same_dtype(x, out, "constant_pad_nd")
-    pad = [int(p) for p in pad]
-    if len(pad) % 2 or len(pad) // 2 > x.ndim:
-        raise ValueError(f"constant_pad_nd: pad {tuple(pad)} does not fit a rank-{x.ndim} tensor")
-    shape, src, dst = list(x.shape), [slice(None)] * x.ndim, [slice(None)] * x.ndim
-    for i in range(len(pad) // 2):
-        d = x.ndim - 1 - i
-        before, after = pad[2 * i], pad[2 * i + 1]
-        size = x.shape[d] + before + after
-        if size < 0:
-            raise ValueError(f"constant_pad_nd: padding {before, after} leaves dim {d} with size {size}")
-        shape[d] = size
-        # The part of the input that survives cropping, and where it lands in the result.
-        lo, hi = max(-before, 0), x.shape[d] - max(-after, 0)
-        src[d] = slice(lo, max(hi, lo))
-        dst[d] = slice(max(before, 0), max(before, 0) + max(hi - lo, 0))
-    shape = check_created(shape)
-    result = np.full(shape, value, dtype=out.dtype) if shape != out.shape else out
-    if result is out:
-        out.fill(value)
-    result[tuple(dst)] = x[tuple(src)]
-    return write(out, result)
+@register_kernel("aten::repeat_interleave.Tensor_out")
+def repeat_interleave(repeats: np.ndarray, output_size: Optional[int] = None, out: np.ndarray = None) -> np.ndarray:
+    """Index i repeated repeats[i] times: [2, 0, 1] -> [0, 0, 2] (int32 or int64, like repeats)."""
+    if repeats.dtype not in (np.int32, np.int64) or repeats.ndim != 1:
+        raise TypeError(f"repeat_interleave: repeats must be a 1-D int32/int64 tensor, got {repeats.dtype} {repeats.shape}")
+    if repeats.size and repeats.min() < 0:
+        raise ValueError("repeat_interleave: repeats cannot be negative")
+    same_dtype(repeats, out, "repeat_interleave")
+    total = int(repeats.sum(dtype=np.int64))
+    if output_size is not None and int(output_size) != total:
+        raise ValueError(f"repeat_interleave: output_size {output_size} differs from sum(repeats) = {total}")
+    check_created((total,))
+    return write(out, np.repeat(np.arange(repeats.size, dtype=repeats.dtype), repeats))
 
 
 def _triangle(x: np.ndarray, diagonal: int, out: np.ndarray, upper: bool) -> np.ndarray:

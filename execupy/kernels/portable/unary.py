@@ -1,5 +1,5 @@
-"""Element-wise unary math: abs, neg, sign, rounding, exp/log family, roots, trigonometry,
-erf, isnan/isinf, nan_to_num.
+"""Element-wise unary math: abs, neg, _conj_physical, sign, rounding, exp/log family, roots,
+trigonometry, erf, isnan/isinf, nan_to_num.
 
 Two kinds of op:
 
@@ -114,6 +114,14 @@ def neg(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     if x.dtype == BOOL:
         raise TypeError("negation of a bool tensor is not supported; use logical_not")
     return _negative(x, out)
+
+
+@register_kernel("aten::_conj_physical.out")
+def conj_physical(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Complex conjugate (real tensors are copied unchanged, as in ATen)."""
+    if x.dtype != out.dtype:
+        raise TypeError(f"_conj_physical: input dtype {x.dtype} differs from out dtype {out.dtype}")
+    return write(out, np.conjugate(x) if np.iscomplexobj(x) else x)
 
 
 def _sign(x: np.ndarray) -> np.ndarray:

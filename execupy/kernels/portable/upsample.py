@@ -1,6 +1,6 @@
 """Resampling: upsample_nearest{1,2,3}d, _upsample_nearest_exact{1,2,3}d, upsample_linear1d,
-upsample_bilinear2d, upsample_trilinear3d, upsample_bicubic2d (`.vec_out` and `.out`
-overloads) and grid_sampler_2d.
+upsample_bilinear2d, _upsample_bilinear2d_aa (anti-aliased), upsample_trilinear3d,
+upsample_bicubic2d (`.vec_out` and `.out` overloads) and grid_sampler_2d.
 
 Upsampling is separable: each spatial axis gets a table of source positions (and, for
 the interpolating modes, weights), computed with ATen's formulas and in ATen's
@@ -154,6 +154,27 @@ def _cubic_taps(in_size: int, out_size: int, align_corners: bool, scale: Optiona
     return np.clip(idx, 0, in_size - 1), _cubic_weights(t)
 
 
+def _antialias_taps(in_size: int, out_size: int, align_corners: bool, scale: Optional[float], dtype: np.dtype):
+    """Anti-aliased linear taps (ATen `_compute_index_ranges_weights` with the triangle filter):
+    when shrinking, the triangle widens by the scale so every input pixel contributes; the
+    weights of each output are normalized to sum to 1. Unused taps get weight 0."""
+    s = _area_scale(in_size, out_size, align_corners, scale, dtype)
+    one, half = dtype.type(1), dtype.type(0.5)
+    support = s if s >= one else one
+    invscale = one / s if s >= one else one
+    width = int(np.ceil(support)) * 2 + 1
+    center = s * (np.arange(out_size).astype(dtype) + half)
+    first = np.maximum((center - support + half).astype(INT64), 0)  # C cast: truncation
+    count = np.clip(np.minimum((center + support + half).astype(INT64), in_size) - first, 0, width)
+    taps = np.arange(width)
+    idx = first[:, None] + taps
+    w = np.maximum(one - np.abs((idx.astype(dtype) - center[:, None] + half) * invscale), dtype.type(0))
+    w = np.where(taps < count[:, None], w, dtype.type(0)).astype(dtype)
+    total = w.sum(axis=1, keepdims=True)
+    w = np.where(total != 0, w / np.where(total != 0, total, one), w).astype(dtype)
+    return np.minimum(idx, in_size - 1), w
+
+
 def _interpolate(x: np.ndarray, k: int, size, align_corners: bool, scales, taps_fn, out: np.ndarray,
                  name: str) -> np.ndarray:
     _check_input(x, k, name)
@@ -214,6 +235,36 @@ _interpolating_kernels("upsample_linear1d", 1, _linear_taps)
 _interpolating_kernels("upsample_bilinear2d", 2, _linear_taps)
 _interpolating_kernels("upsample_trilinear3d", 3, _linear_taps)
 _interpolating_kernels("upsample_bicubic2d", 2, _cubic_taps)
+
+
+def _antialias_integers(x: np.ndarray, size, align_corners: bool, scales, out: np.ndarray) -> np.ndarray:
+    """Integer images as ExecuTorch's kernel resizes them: every (row, column) tap is added
+    in float32 to the integer running value, which is truncated back after each addition."""
+    f32 = np.dtype(np.float32)
+    rows, row_w = _antialias_taps(x.shape[2], size[0], align_corners, scales[0], f32)
+    cols, col_w = _antialias_taps(x.shape[3], size[1], align_corners, scales[1], f32)
+    value = np.zeros(x.shape[:2] + tuple(size), np.int64)
+    for i in range(rows.shape[1]):
+        band = np.take(x, rows[:, i], axis=2).astype(f32) * row_w[:, i, None]
+        for j in range(cols.shape[1]):
+            value = np.trunc(value.astype(f32) + np.take(band, cols[:, j], axis=3) * col_w[:, j]).astype(np.int64)
+    return write(out, value)
+
+
+@register_kernel("aten::_upsample_bilinear2d_aa.out")
+def upsample_bilinear2d_aa(input: np.ndarray, output_size: Sequence[int], align_corners: bool,
+                           scales_h: Optional[float] = None, scales_w: Optional[float] = None,
+                           out: np.ndarray = None) -> np.ndarray:
+    """Anti-aliased bilinear resize: floats as ATen computes them, integers (which torch only
+    does for uint8, rounding) as ExecuTorch does."""
+    name = "_upsample_bilinear2d_aa"
+    size, scales = _output_size(input, 2, output_size, None), (scales_h, scales_w)
+    if input.dtype != out.dtype or input.dtype == np.bool_:
+        raise TypeError(f"{name}: needs a real input of out's dtype, got {input.dtype} and {out.dtype}")
+    if is_float(out.dtype):
+        return _interpolate(input, 2, size, align_corners, scales, _antialias_taps, out, name)
+    _check_input(input, 2, name)
+    return _antialias_integers(input, size, bool(align_corners), scales, out)
 
 
 # ----------------------------------------------------------------------------- grid_sampler_2d

@@ -185,17 +185,20 @@ class LLMExportManager:
         return self
 
     def save(self, filename: str | os.PathLike = "model.pte") -> ExportResult:
-        """Write the .pte (relative names go under the output dir) and the tokenizer beside it."""
+        """Write the tokenizer and then the .pte beside it (relative names go under the output dir).
+
+        Each file is replaced whole or not at all (`execupy.fileio.atomic_write`), and the
+        .pte comes last, so a finished .pte means its tokenizer is already in place."""
         self._require(self.program is not None, "save", "after to_executorch()")
         path = self.output_dir / filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.program.save(path)
-        self._say(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
         tok_path = None
         if self.tokenizer is not None:
             tok_path = tokenizer_path_for(path, self.tokenizer)
             self.tokenizer.save(tok_path)
             self._say(f"wrote {tok_path}")
+        self.program.save(path)
+        self._say(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
         return ExportResult(path, tok_path, self.model.max_seq_len, self.max_prefill_len,
                             time.perf_counter() - self._t0)
 

@@ -9,9 +9,9 @@ layer was split on. Needs torch to unpickle the .pth files, and only ever with
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +19,11 @@ from execupy.llm.config import (
     CheckpointError,
     ModelConfig,
     check_state_dict,
+    config_value,
     interleaved_to_half,
     llama3_rope_freq_factors,
+    naming,
+    read_json_object,
 )
 
 # How Meta's model-parallel code splits each weight across shards: the axis to
@@ -40,25 +43,41 @@ def load_meta(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndar
     shards = sorted(folder.glob("consolidated.*.pth"))
     if not params_path.is_file() or not shards:
         raise CheckpointError(f"{folder}: expected params.json and consolidated.*.pth")
-    params = json.loads(params_path.read_text())
-    state = _merge_shards([_load_pth(p) for p in shards])
-    config = meta_config(params, state)
-    for i in range(config.n_layers):
-        for proj, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads)):
-            name = f"layers.{i}.attention.{proj}.weight"
-            state[name] = interleaved_to_half(state[name], heads)
-    if config.tie_embeddings:
-        state["output.weight"] = state["tok_embeddings.weight"]
-    state = {k: v for k, v in state.items() if not k.endswith("rope.freqs")}  # old checkpoints keep a buffer
-    check_state_dict(config, state)
+    params = read_json_object(params_path)
+    with naming(folder):
+        state = _merge_shards([_load_pth(p) for p in shards])
+    with naming(params_path):
+        config = meta_config(params, state)
+    with naming(folder):
+        if config.tie_embeddings:
+            state["output.weight"] = state["tok_embeddings.weight"]
+        state = {k: v for k, v in state.items() if not k.endswith("rope.freqs")}  # old checkpoints keep a buffer
+        check_state_dict(config, state)  # before the permutation relies on the shapes
+        for i in range(config.n_layers):
+            for proj, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads)):
+                name = f"layers.{i}.attention.{proj}.weight"
+                state[name] = interleaved_to_half(state[name], heads)
     return config, state
 
 
 def _load_pth(path: Path) -> dict[str, np.ndarray]:
+    """A .pth state dict, unpickled by torch with weights_only (no code runs) and checked to
+    be a mapping of names to floating-point tensors."""
     import torch
 
-    loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return {name: t.to(torch.float32).numpy() for name, t in loaded.items()}
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch's unpickler and zip reader raise many unrelated types
+        raise CheckpointError(f"{path}: not a readable weights-only .pth checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{path}: holds a {type(loaded).__name__}, expected a dict of tensors")
+    out = {}
+    for name, t in loaded.items():
+        if not isinstance(name, str) or not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.numel() == 0):
+            raise CheckpointError(f"{path}: entry {name!r:.60} is not a named floating-point tensor")
+        out[name] = t.to(torch.float32).numpy()
+    return out
 
 
 def _merge_shards(shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -66,35 +85,46 @@ def _merge_shards(shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         return shards[0]
     merged = {}
     for name, first in shards[0].items():
-        axis = _SHARD_AXIS.get(name.split(".")[-2]) if first.ndim == 2 else None
-        merged[name] = first if axis is None else np.concatenate([s[name] for s in shards], axis=axis)
+        parts = [s.get(name) for s in shards]
+        axis = _SHARD_AXIS.get(name.split(".")[-2]) if first.ndim == 2 and "." in name else None
+        if any(p is None or p.ndim != first.ndim for p in parts) or (
+                axis is not None and any(p.shape[1 - axis] != first.shape[1 - axis] for p in parts)):
+            raise CheckpointError(f"tensor {name!r} is missing from a shard or its shards do not fit together")
+        merged[name] = first if axis is None else np.concatenate(parts, axis=axis)
     return merged
 
 
-def meta_config(params: dict, state: dict[str, np.ndarray]) -> ModelConfig:
+def meta_config(params: dict[str, Any], state: dict[str, np.ndarray]) -> ModelConfig:
     """Hyperparameters from params.json; sizes it leaves implicit come from the weights."""
-    dim, n_heads = params["dim"], params["n_heads"]
+    get = lambda key, kind, *default: config_value(params, key, kind, *default)  # noqa: E731
+    dim, n_heads = get("dim", "int"), get("n_heads", "int")
     head_dim = dim // n_heads
-    theta = float(params.get("rope_theta", 10000.0))
+    theta = get("rope_theta", "float", 10000.0)
     factors = None
-    if params.get("use_scaled_rope"):
+    if get("use_scaled_rope", "bool", False):
         # Llama 3.1 uses factor 8; 3.2 files say their own factor (32) under this name.
-        factor = params.get("rope_scale_factor", params.get("rope_scaling_factor", 8.0))
+        factor = get("rope_scale_factor", "float", get("rope_scaling_factor", "float", 8.0))
         factors = llama3_rope_freq_factors(head_dim, theta, factor, 1.0, 4.0, 8192)
     return ModelConfig(
         arch="llama",
         dim=dim,
-        n_layers=params["n_layers"],
+        n_layers=get("n_layers", "int"),
         n_heads=n_heads,
-        n_kv_heads=params.get("n_kv_heads") or n_heads,
+        n_kv_heads=get("n_kv_heads", "int", n_heads),
         # params.json writes vocab_size -1 and derives the FFN size from multiple_of;
         # reading both off the weights is exact.
-        vocab_size=state["tok_embeddings.weight"].shape[0],
-        hidden_dim=state["layers.0.feed_forward.w1.weight"].shape[0],
-        norm_eps=float(params.get("norm_eps", 1e-5)),
+        vocab_size=_rows(state, "tok_embeddings.weight"),
+        hidden_dim=_rows(state, "layers.0.feed_forward.w1.weight"),
+        norm_eps=get("norm_eps", "float", 1e-5),
         rope_theta=theta,
-        max_seq_len=params.get("max_seq_len", 2048),
+        max_seq_len=get("max_seq_len", "int", 2048),
         tie_embeddings="output.weight" not in state,
         head_dim=head_dim,
         rope_freq_factors=factors,
     )
+
+
+def _rows(state: dict[str, np.ndarray], name: str) -> int:
+    if name not in state or state[name].ndim != 2:
+        raise CheckpointError(f"no two-dimensional tensor {name!r} in the .pth files")
+    return state[name].shape[0]

@@ -1,0 +1,51 @@
+"""The real SmolLM2-135M-Instruct program, exported once and kept in ~/.cache/execupy/tests.
+
+Exporting takes minutes on a small machine, so tests that only need to *run* the program
+share one copy on disk. Its name carries a hash of the sources that shape the export
+(the exporter, the LLM export and loaders, the .pte writer), so a change there exports
+again rather than testing a stale file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Optional
+
+from execupy.llm.loaders import smollm2_gguf_path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("EXECUPY_CACHE", Path.home() / ".cache/execupy")) / "tests"
+EXPORT_SOURCES = ("execupy/exir", "execupy/llm/export", "execupy/llm/loaders.py", "execupy/llm/gguf_loader.py",
+                  "execupy/llm/tokenizer.py", "execupy/schema")
+
+
+def _sources_hash() -> str:
+    digest = hashlib.sha256()
+    for entry in EXPORT_SOURCES:
+        path = REPO / entry
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.relative_to(REPO).as_posix().encode() + file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+# One shape for every test, so that a machine exports SmolLM2 once: room for a ~40-token
+# prompt and 64 generated tokens.
+MAX_SEQ_LEN, MAX_PREFILL_LEN = 128, 32
+
+
+def smollm2_program(max_seq_len: int = MAX_SEQ_LEN, max_prefill_len: int = MAX_PREFILL_LEN) -> Optional[Path]:
+    """The cached .pte (its tokenizer beside it), exported now if absent; None without the GGUF."""
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        return None
+    pte = CACHE / f"smollm2-ctx{max_seq_len}-prefill{max_prefill_len}-{_sources_hash()}.pte"
+    if not pte.is_file():
+        from execupy.llm.export import export_llm
+
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = pte.with_name(f"tmp{os.getpid()}-{pte.name}")  # renamed when whole: no half-written cache
+        result = export_llm(gguf, tmp, max_seq_len=max_seq_len, max_prefill_len=max_prefill_len)
+        result.tokenizer_path.rename(pte.with_name(pte.stem + result.tokenizer_path.name[len(tmp.stem):]))
+        tmp.rename(pte)
+    return pte
