@@ -13,9 +13,7 @@ import torch
 from torch.export import export
 from torch.utils import _pytree as pytree
 
-from execupy.errors import ExportError
 from execupy.exir import EdgeCompileConfig, to_edge
-from execupy.kernels.registry import get_kernel
 from execupy.runtime import Module
 
 from .. import reference
@@ -25,13 +23,6 @@ from .zoo import CASES, Case, by_name
 
 NAMES = [c.name for c in CASES]
 
-
-def waits_for_kernel(c: Case) -> bool:
-    return c.needs_kernel is not None and get_kernel(c.needs_kernel) is None
-
-
-RUNNABLE = [c.name for c in CASES if not waits_for_kernel(c)]  # in execupy's runtime, today
-WAITING = [c.name for c in CASES if waits_for_kernel(c)]
 
 
 def to_numpy(value):
@@ -84,7 +75,7 @@ def assert_same(got, expected, c: Case) -> None:
             np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), atol=c.atol, rtol=c.rtol)
 
 
-@pytest.mark.parametrize("name", RUNNABLE)
+@pytest.mark.parametrize("name", NAMES)
 def test_execupy_runtime_matches_eager(name):
     c, model, args, prog = exported(name)
     module = Module(prog.buffer)
@@ -95,18 +86,6 @@ def test_execupy_runtime_matches_eager(name):
             assert pytree.tree_structure(got) == pytree.tree_structure(expected[call])
             assert_same(got, expected[call], c)
         module = Module(prog.buffer)  # fresh state for the next input set
-
-
-@pytest.mark.parametrize("name", WAITING)
-def test_export_refuses_naming_the_kernel_a_case_waits_for(name):
-    """Cases torch cannot decompose around a missing kernel fail at to_edge, naming it and
-    the user's line; they join the runnable set as soon as the kernel table has it."""
-    c = by_name(name)
-    model, args = c.build()
-    with pytest.raises(ExportError) as err:
-        to_edge(export(model, args, dynamic_shapes=c.dynamic_shapes))
-    assert f"needs kernel {c.needs_kernel}," in str(err.value)
-    assert "zoo_functions.py" in str(err.value)
 
 
 def test_stateful_steps_match_eager():

@@ -27,9 +27,6 @@ class Case:
     steps: Callable[[], list[tuple]] = lambda: []  # stateful: inputs of calls made after the first, in order
     atol: float = 1e-5
     rtol: float = 1e-4
-    # A kernel execupy still lacks and torch cannot decompose the model around: until the
-    # kernel table has it, export must refuse naming it (ExecuTorch's runtime runs it already).
-    needs_kernel: Optional[str] = None
     # An operator ExecuTorch's portable runtime (1.5.1) lacks: its runtime must refuse the
     # program naming it, while execupy's runs it.
     reference_lacks: Optional[str] = None
