@@ -18,6 +18,8 @@ import torch.fx
 from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec
 
+from ..errors import ExportError
+
 # Smallest scale an observer picks (an all-zero tensor would otherwise get scale 0).
 EPS = 2**-12
 
@@ -78,7 +80,8 @@ def get_symmetric_quantization_config(is_per_channel: bool = False, is_qat: bool
     Dynamic configs have no output spec: a dynamically quantized op hands on float.
     """
     if is_qat:
-        raise NotImplementedError("execupy's XNNPACKQuantizer does post-training quantization only (is_qat=False)")
+        raise ExportError("get_symmetric_quantization_config: is_qat=True is not supported; "
+                          "execupy's XNNPACKQuantizer does post-training quantization only")
     act = _activation_spec(is_dynamic)
     return QuantizationConfig(input_activation=act, output_activation=None if is_dynamic else act,
                               weight=_weight_spec(is_per_channel), bias=None, is_qat=False)

@@ -23,7 +23,6 @@ from typing import Callable, Optional
 
 import torch
 from torch.fx import GraphModule, Node
-from .config import quantizes_per_token
 from torchao.quantization.pt2e.quantizer import (
     QuantizationAnnotation,
     QuantizationConfig,
@@ -31,6 +30,8 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
     get_module_name_filter,
 )
+
+from .config import quantizes_per_token
 
 aten = torch.ops.aten
 ANNOTATION = "quantization_annotation"  # the node.meta key torchao reads
