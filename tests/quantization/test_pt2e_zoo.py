@@ -100,6 +100,7 @@ def assert_within_one_step(got: np.ndarray, expected: np.ndarray, step: float) -
 def test_program_runs_int8_weights_and_activations(quantized):
     ops = quantized.operators
     assert "quantized_decomposed::dequantize_per_channel.out" in ops  # int8 weights, per channel
+    assert not any("batch_norm" in op for op in ops)  # prepare_pt2e folded them into the convs
     if quantized.mode == "static":
         assert {"quantized_decomposed::quantize_per_tensor.out",
                 "quantized_decomposed::dequantize_per_tensor.out"} <= ops

@@ -15,14 +15,31 @@ from .zoo import MODELS, build
 qd = torch.ops.quantized_decomposed
 
 
+def converted(name: str, quantizer: XNNPACKQuantizer) -> torch.fx.GraphModule:
+    [model] = [m for m in MODELS if m.name == name]
+    example = (torch.randn(model.input_shape),)
+    prepared = prepare_pt2e(export(build(model), example).module(), quantizer)
+    prepared(*example)
+    return convert_pt2e(prepared)
+
+
 def weight_dequantizes(quantizer: XNNPACKQuantizer) -> int:
     """How many int8 weights the zoo's MLP (three linears) ends up with under `quantizer`."""
-    [mlp] = [m for m in MODELS if m.name == "mlp"]
-    example = (torch.randn(mlp.input_shape),)
-    prepared = prepare_pt2e(export(build(mlp), example).module(), quantizer)
-    prepared(*example)
-    converted = convert_pt2e(prepared)
-    return sum(n.target == qd.dequantize_per_channel.default for n in converted.graph.nodes)
+    graph = converted("mlp", quantizer).graph
+    return sum(n.target == qd.dequantize_per_channel.default for n in graph.nodes)
+
+
+@pytest.mark.parametrize("name", ["mlp", "depthwise_separable"])
+def test_relu_and_hardtanh_after_linear_or_conv_are_fused(name):
+    """No quantize between a linear/conv and its relu/hardtanh; one after the activation."""
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    aten = torch.ops.aten
+    activations = [n for n in converted(name, XNNPACKQuantizer().set_global(config)).graph.nodes
+                   if n.target in (aten.relu.default, aten.hardtanh.default)]
+    assert activations
+    for act in activations:
+        assert act.args[0].target in (aten.linear.default, aten.conv2d.default)
+        assert [u.target for u in act.users] == [qd.quantize_per_tensor.default]
 
 
 def test_a_submodule_set_to_none_stays_float():
