@@ -42,8 +42,8 @@ BINARY = {aten.add.Tensor, aten.add_.Tensor, aten.mul.Tensor, aten.mul_.Tensor}
 ACTIVATIONS = {aten.relu.default, aten.relu_.default, aten.hardtanh.default, aten.hardtanh_.default}
 POOLING = {aten.max_pool1d.default, aten.max_pool2d.default, aten.avg_pool1d.default, aten.avg_pool2d.default,
            aten.adaptive_avg_pool1d.default, aten.adaptive_avg_pool2d.default, aten.mean.dim, aten.mean.default}
-# Ops whose output values are a subset (or a monotone clamp) of their input's: quantizing
-# their output with the input's qparams loses nothing, so they share them.
+# Ops whose outputs stay within their input's range (rearranged, clamped, maxed or
+# averaged): their output fits the input's qparams, so they share them.
 SHARES_INPUT_QPARAMS = ACTIVATIONS | POOLING | {
     aten.view.default, aten.reshape.default, aten.flatten.using_ints, aten.permute.default,
     aten.transpose.int, aten.squeeze.dim, aten.unsqueeze.default, aten.slice.Tensor,

@@ -1,14 +1,17 @@
-"""XNNPACKQuantizer's configuration API and the exporter's quantized_decomposed out variants."""
+"""XNNPACKQuantizer's configuration API and the exporter's quantized_decomposed out variants
+(importing execupy.exir defines them)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.export import export
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-import execupy.exir  # noqa: F401  (defines the out variants)
+from execupy.exir import to_edge
 from execupy.errors import ExportError
 from execupy.quantization import XNNPACKQuantizer, get_symmetric_quantization_config
+from execupy.runtime import Module
 
 from .zoo import MODELS, build
 
@@ -47,6 +50,20 @@ def test_a_submodule_set_to_none_stays_float():
     assert weight_dequantizes(XNNPACKQuantizer().set_global(config)) == 3
     assert weight_dequantizes(XNNPACKQuantizer().set_global(config).set_module_name("net.2", None)) == 2
     assert weight_dequantizes(XNNPACKQuantizer().set_module_type(torch.nn.Linear, config)) == 3
+
+
+def test_per_tensor_weights_export_and_run():
+    """is_per_channel=False: one scale per weight tensor, which our runtime runs like torch."""
+    [mlp] = [m for m in MODELS if m.name == "mlp"]
+    model = converted("mlp", XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
+    targets = [n.target for n in model.graph.nodes]
+    assert qd.dequantize_per_channel.default not in targets
+    x = torch.randn(mlp.input_shape)
+    pte = to_edge(export(model, (x,))).to_executorch().buffer
+    expected = model(x).detach().numpy()
+    [output] = [n for n in model.graph.nodes if n.op == "output"]
+    step = output.args[0][0].args[1]  # the scale the output is dequantized with
+    assert np.max(np.abs(Module(pte).forward(x.numpy()) - expected)) <= step * (1 + 1e-4)
 
 
 def test_qat_config_is_refused_by_name():
