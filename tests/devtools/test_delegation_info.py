@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -95,6 +96,31 @@ def test_a_damaged_payload_is_a_typed_error_naming_the_backend(c, tmp_path):
         get_delegation_info(bad)
     proc = execupy_cli("inspect", str(bad))
     assert proc.returncode == 1 and backend in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_damaged_delegates_give_typed_errors_only():
+    """300 seeded mutants with bytes changed in and around a delegate payload: each one either
+    reads or raises an ExecupyError, and inspect's summary still never crashes."""
+    from execupy.devtools.summary import summarize
+    from execupy.errors import ExecupyError
+
+    rng = random.Random(0)
+    sources = [(c.pte.read_bytes(), b"XH00" if c.flavour.endswith("xnnpack") else b"NPFUSED1") for c in DELEGATED]
+    outcomes = Counter()
+    for _ in range(300):
+        original, magic = rng.choice(sources)
+        data = bytearray(original)
+        at = data.find(magic)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(max(at - 8, 0), min(len(data), at + 2000))] = rng.randrange(256)
+        try:
+            get_delegation_info(bytes(data))
+            outcomes["read"] += 1
+        except ExecupyError:
+            outcomes["typed error"] += 1
+        problems = summarize(bytes(data))["problems"]
+        assert not [p for p in problems if "execupy bug" in p]
+    assert outcomes["typed error"] > 0 and sum(outcomes.values()) == 300
 
 
 # ---------------------------------------------------------------------------- XNNPACK, against flatc
