@@ -98,7 +98,7 @@ class DelegateContents:
     """What one delegate payload holds, as far as its backend's reader can tell."""
 
     backend_id: str
-    node_types: dict[str, int] = field(default_factory=dict)  # node kind -> count
+    nodes: list[str] = field(default_factory=list)  # node kinds in the payload's order
     datatypes: dict[str, int] = field(default_factory=dict)  # value datatype -> count of values
     named_weight_entries: int = 0  # constants kept in the program's named data
     named_weight_bytes: int = 0
@@ -106,8 +106,13 @@ class DelegateContents:
     payload_weight_bytes: int = 0
 
     @property
+    def node_types(self) -> dict[str, int]:
+        """Node kind -> count."""
+        return dict(Counter(self.nodes))
+
+    @property
     def num_nodes(self) -> int:
-        return sum(self.node_types.values())
+        return len(self.nodes)
 
     @property
     def weight_bytes(self) -> int:
@@ -116,7 +121,7 @@ class DelegateContents:
 
 def _xnnpack_contents(payload: memoryview, named_data: Callable[[str], memoryview]) -> DelegateContents:
     graph = xnn.read_payload(payload)
-    out = DelegateContents("XnnpackBackend", dict(Counter(n.kind for n in graph.nodes)),
+    out = DelegateContents("XnnpackBackend", [n.kind for n in graph.nodes],
                            dict(Counter(v.datatype for v in graph.values)))
     for ref in graph.constant_data[1:]:  # entry 0 is the reserved "no constant"
         if ref.offset == xnn.NAMED_DATA_OFFSET:
@@ -135,7 +140,7 @@ def _numpy_fused_contents(payload: memoryview, named_data: Callable[[str], memor
     try:
         header, weights = numpy_fused.parse(payload)
         ops, constants = header["ops"], header["constants"]
-        out = DelegateContents(numpy_fused.BACKEND_ID, dict(Counter(op["op"] for op in ops)),
+        out = DelegateContents(numpy_fused.BACKEND_ID, [str(op["op"]) for op in ops],
                                {"fp32": header["num_values"]})
         for c in constants:
             count = 1
@@ -176,8 +181,7 @@ def delegate_contents(program: Program, delegate: P.BackendDelegate) -> Optional
 def get_delegation_info(source: Source, method: Optional[str] = None) -> DelegationInfo:
     """Delegation counts of one method of a `.pte` (path, bytes or loaded Program), or of
     all its methods together when `method` is None."""
-    program = source if isinstance(source, Program) else Program.load(
-        bytes(source) if isinstance(source, (bytearray, memoryview)) else source)
+    program = _load(source)
     names = program.method_names if method is None else [method]  # plan() names a missing method
     delegated: Counter = Counter()
     non_delegated: Counter = Counter()
@@ -193,6 +197,45 @@ def get_delegation_info(source: Source, method: Optional[str] = None) -> Delegat
             else:
                 delegated += Counter(contents.node_types)
     return delegation_info_from_counts(delegated, non_delegated, subgraphs, opaque)
+
+
+def format_delegated_graph(source: Source, method: Optional[str] = None) -> str:
+    """Each method's instructions in order; a delegate call is followed by the nodes its
+    payload runs, indented (the .pte counterpart of the torch side's print_delegated_graph)."""
+    program = _load(source)
+    lines = []
+    for name in program.method_names if method is None else [method]:
+        plan = program.plan(name)
+        lines.append(f"method {name!r}:")
+        for k, ins in enumerate(plan.instructions):
+            lines += _instruction_lines(program, plan, k, ins)
+    return "\n".join(lines)
+
+
+def print_delegated_graph(source: Source, method: Optional[str] = None) -> None:
+    print(format_delegated_graph(source, method))
+
+
+def _instruction_lines(program: Program, plan: P.ExecutionPlan, k: int, ins: P.Instruction) -> list[str]:
+    if isinstance(ins, P.KernelCall):
+        ok = 0 <= ins.op_index < len(plan.operators)
+        return [f"  {k:4d}  {plan.operators[ins.op_index].key if ok else '<invalid operator>'}"]
+    if not isinstance(ins, P.DelegateCall):
+        return [f"  {k:4d}  {type(ins).__name__}"]
+    if not 0 <= ins.delegate_index < len(plan.delegates):
+        raise MalformedProgramError(f"method {plan.name!r}: instruction {k} calls delegate {ins.delegate_index}, "
+                                    f"but the method has {len(plan.delegates)}")
+    delegate = plan.delegates[ins.delegate_index]
+    contents = delegate_contents(program, delegate)
+    lines = [f"  {k:4d}  delegate {ins.delegate_index} ({delegate.id})"
+             + (": payload not readable here" if contents is None else f": {contents.num_nodes} nodes")]
+    return lines + [f"            {kind}" for kind in (contents.nodes if contents else [])]
+
+
+def _load(source: Source) -> Program:
+    if isinstance(source, Program):
+        return source
+    return Program.load(bytes(source) if isinstance(source, (bytearray, memoryview)) else source)
 
 
 def kernel_calls(plan: P.ExecutionPlan) -> Counter:

@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from execupy.devtools.delegation import delegate_contents, format_delegation_table, get_delegation_info
+from execupy.devtools.delegation import (
+    delegate_contents,
+    format_delegation_table,
+    get_delegation_info,
+    print_delegated_graph,
+)
 from execupy.errors import MalformedProgramError, MethodNotFoundError
 from execupy.runtime.program import Program
 
@@ -74,6 +79,19 @@ def test_a_backend_we_cannot_read_counts_as_an_opaque_subgraph(c):
     assert info.num_delegated_subgraphs == info.opaque_subgraphs == len(delegates) > 0
     assert info.num_delegated_nodes == 0
     assert "unknown" in info.get_summary()
+
+
+@pytest.mark.parametrize("c", XNNPACK[:2] + cases("execupy_delegated"), ids=program_name)
+def test_pte_delegated_graph_lists_each_delegates_nodes_under_its_call(c, capsys):
+    print_delegated_graph(c.pte)
+    lines = capsys.readouterr().out.splitlines()
+    info = get_delegation_info(c.pte)
+    calls = [line for line in lines if " delegate " in line]
+    assert len(calls) == info.num_delegated_subgraphs
+    node_lines = [line for line in lines if line.startswith(" " * 12)]
+    assert len(node_lines) == info.num_delegated_nodes
+    operators = {op for ops in c.manifest["operators"].values() for op in ops}
+    assert {line.split()[1] for line in lines if line.split()[1:2] and "::" in line.split()[1]} == operators
 
 
 def test_a_missing_method_is_a_typed_error():
