@@ -19,6 +19,7 @@ the runtime must write traces without the export-time `flatbuffers` package.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -236,7 +237,7 @@ def debug_tensor(buffer: Union[bytes, memoryview], ref: TensorRef) -> np.ndarray
         raise MalformedETDumpError(f"debug tensor has unsupported scalar type {ref.scalar_type}") from None
     if any(s < 0 for s in ref.sizes):
         raise MalformedETDumpError(f"debug tensor has a negative size in {ref.sizes}")
-    nbytes = int(np.prod(ref.sizes, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(ref.sizes) * dtype.itemsize  # Python ints: hostile sizes cannot wrap around
     if ref.offset < 0 or ref.offset + nbytes > len(buffer):
         raise MalformedETDumpError(
             f"debug tensor of {nbytes} bytes at offset {ref.offset} lies outside the debug buffer ({len(buffer)} bytes)")
