@@ -44,9 +44,20 @@ from .etdump import (
 now_ns = time.perf_counter_ns
 
 
+# Operators ExecuTorch runs as built-in "prim ops": they get only an OPERATOR_CALL event.
+PRIM_OPS = {"aten::sym_size.int", "aten::sym_numel", "aten::_local_scalar_dense"}
+
+
 def profile_name(op_key: str) -> str:
     """ExecuTorch's name for a kernel's event: `aten::add.out` -> `native_call_add.out`."""
     return "native_call_" + op_key.split("::", 1)[-1]
+
+
+def event_names(op_key: str) -> tuple[str, ...]:
+    """The profile events of one kernel call, innermost first, as ExecuTorch names them."""
+    if op_key in PRIM_OPS or op_key.startswith("executorch_prim::"):
+        return ("OPERATOR_CALL",)
+    return (profile_name(op_key), "OPERATOR_CALL")
 
 
 class EventTracer:
@@ -111,7 +122,8 @@ class EventTracer:
     # ------------------------------------------------------------------ results
 
     def etdump(self) -> ETDump:
-        return ETDump(version=0, run_data=list(self.blocks))
+        return ETDump(version=0, run_data=[RunData(b.name, b.bundled_input_index, b.allocators,
+                                                   [e for r in b.events for e in _expand(r)]) for b in self.blocks])
 
     def save(self, etdump_path: Union[str, os.PathLike], debug_buffer_path: Union[str, os.PathLike, None] = None) -> None:
         """Write the trace (and the debug buffer, when a path is given) atomically."""
@@ -147,9 +159,9 @@ class EventTracer:
 
     def _traced_step(self, method, pc: int, ins: P.Instruction, step: Callable) -> Callable:
         if isinstance(ins, P.KernelCall):
-            names = (profile_name(method.plan.operators[ins.op_index].key), "OPERATOR_CALL")
-            written = [ins.args[0] if method.plan.operators[ins.op_index].key ==
-                       "executorch_prim::et_copy_index.tensor" else ins.args[-1]]
+            key = method.plan.operators[ins.op_index].key
+            names = event_names(key)
+            written = [ins.args[0] if key == "executorch_prim::et_copy_index.tensor" else ins.args[-1]]
         elif isinstance(ins, P.DelegateCall):
             names = ("DELEGATE_CALL",)
             written = []  # the delegate's own events (log_delegate_event) say what it did
@@ -167,8 +179,7 @@ class EventTracer:
             if log:
                 for i in written:
                     self._log_written(values, plan_values, i, pc)
-            for name in names:
-                self.profile(name, start, end, instruction_id=pc, chain_index=0)
+            self.blocks[-1].events.append((names, pc, start, end))  # expanded by _expand() in etdump()
             return dest
 
         return traced
@@ -178,3 +189,14 @@ class EventTracer:
         v = plan_values[i]
         for j in (v.items if isinstance(v, P.TensorList) else [i]):
             self.log_value(values[j], instruction_id=pc)
+
+
+def _expand(record) -> list:
+    """The events of one record: an Event, or a timed instruction kept as a bare tuple
+    (names, instruction id, start, end), because building dataclasses at every step
+    would make a traced call several times slower."""
+    if isinstance(record, Event):
+        return [record]
+    names, pc, start, end = record
+    return [Event(profile_event=ProfileEvent(name=n, chain_index=0, instruction_id=pc, start_time=start, end_time=end))
+            for n in names]
