@@ -7,15 +7,16 @@
 
 What is recorded follows ExecuTorch's own runtime, so its Inspector reads our traces:
 a "Default" block with the load (`Program::load_method`, `Method::init`); per call an
-"Execute" block with, per kernel, `native_call_<op>.<overload>` and `OPERATOR_CALL`, per
-delegate call `DELEGATE_CALL`, then `Method::execute`. Times are ns from a monotonic clock.
+"Execute" block with, per kernel, `native_call_<op>.<overload>` and `OPERATOR_CALL` (prim
+ops such as sym_size only the latter), per delegate call `DELEGATE_CALL`, per move, jump
+and free `MOVE_CALL`, `JF_CALL`, `FREE_CALL`, then `Method::execute`. Times are ns from a monotonic clock.
 Our steps fuse argument fetching and the kernel call, so the two events of a kernel share
 one span. With `log_intermediate_outputs`, every value an instruction writes and every
 method output becomes a debug event whose tensor bytes go to the debug buffer.
 
 Tracing costs nothing when unused: `attach` rebinds a loaded method's steps to timed
 wrappers and its `execute` to a traced one, so an untraced method runs exactly the steps
-it always did. Moves, jumps and frees are not timed, as in ExecuTorch.
+it always did.
 """
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ from .etdump import (
 
 now_ns = time.perf_counter_ns
 
+
+# The event of every other kind of instruction, as ExecuTorch names it.
+_INSTRUCTION_EVENTS = {P.DelegateCall: "DELEGATE_CALL", P.MoveCall: "MOVE_CALL", P.JumpFalseCall: "JF_CALL",
+                       P.FreeCall: "FREE_CALL"}
 
 # Operators ExecuTorch runs as built-in "prim ops": they get only an OPERATOR_CALL event.
 PRIM_OPS = {"aten::sym_size.int", "aten::sym_numel", "aten::_local_scalar_dense"}
@@ -162,11 +167,9 @@ class EventTracer:
             key = method.plan.operators[ins.op_index].key
             names = event_names(key)
             written = [ins.args[0] if key == "executorch_prim::et_copy_index.tensor" else ins.args[-1]]
-        elif isinstance(ins, P.DelegateCall):
-            names = ("DELEGATE_CALL",)
-            written = []  # the delegate's own events (log_delegate_event) say what it did
         else:
-            return step
+            names = (_INSTRUCTION_EVENTS[type(ins)],)
+            written = []  # a delegate's own events (log_delegate_event) say what it did
         values, plan_values = method.values, method.plan.values
         log = self.log_intermediate_outputs
 
