@@ -31,6 +31,7 @@ from execupy.runtime.backends import BACKENDS, register_backend
 from execupy.schema import program as P
 from execupy.schema.reader import read_pte
 
+from ..conformance import load_inputs, program_name, topic
 from ..reference import TIMEOUT_S, reference_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,9 +238,10 @@ _RUN_WITH_ETDUMP = r"""
 import sys, numpy as np, torch
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
 module = _load_for_executorch(sys.argv[1], enable_etdump=True, debug_buffer_size=1 << 20)
-(out,) = module.run_method("forward", (torch.from_numpy(np.load(sys.argv[2])["in0"]),))
+data = np.load(sys.argv[2])
+out = module.run_method("forward", tuple(torch.from_numpy(data[f"in{i}"]) for i in range(len(data.files))))
 module.write_etdump_result_to_file(sys.argv[3], sys.argv[4])
-np.save(sys.argv[5], out.numpy())
+np.save(sys.argv[5], out[0].numpy())
 """
 
 
@@ -282,3 +284,22 @@ def test_we_read_the_trace_executorchs_runtime_writes(tmp_path):
     out = theirs.debug_events("Execute")[-1]
     assert out.debug_entry.output is True
     np.testing.assert_array_equal(debug_tensor(buf.read_bytes(), out.debug_entry.tensor), np.load(tmp_path / "out.npy"))
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("case", topic("cond_pred_input") + topic("cond") + topic("dynamic_batch_seq"),
+                         ids=program_name)
+def test_jumps_moves_and_prim_ops_are_named_as_executorch_names_them(case, tmp_path):
+    """Programs with control flow (JF_CALL, MOVE_CALL) and dynamic shapes (sym_size, which
+    ExecuTorch runs as a prim op: OPERATOR_CALL alone) from ExecuTorch's exporter and ours."""
+    inputs = load_inputs(case, case.manifest["runs"][0])
+    np.savez(tmp_path / "in.npz", **{f"in{i}": np.asarray(x) for i, x in enumerate(inputs)})
+    reference(_RUN_WITH_ETDUMP, case.pte, tmp_path / "in.npz", tmp_path / "ref.etdp", tmp_path / "ref.bin",
+              tmp_path / "out.npy")
+    tracer = EventTracer()
+    Module(case.pte, event_tracer=tracer).forward(*inputs)
+    names = lambda d: [p.name for p in d.profile_events("Execute")]  # noqa: E731
+    theirs = names(read_etdump(tmp_path / "ref.etdp"))
+    assert names(tracer.etdump()) == theirs
+    assert {"JF_CALL", "MOVE_CALL"} <= set(theirs) or theirs.count("OPERATOR_CALL") > sum(
+        n.startswith("native_call_") for n in theirs)
