@@ -3,6 +3,7 @@
     execupy inspect model.pte [--json] [--load]
     execupy run model.pte [--method NAME] [--inputs in.npz | --random-inputs] [--repeat N] [--save out.npz]
                           [--etdump trace.etdp [--debug-buffer trace.bin]]
+    execupy verify model.bpte [--rtol R] [--atol A]
 
 LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`, `kernels`
 from `execupy.devtools.kernel_list`, `serve` from `execupy.serve.cli`.
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_inspect(sub)
     _add_run(sub)
+    _add_verify(sub)
     llm_cli.register(sub)
     kernels_cli.register(sub)
     serve_cli.register(sub)
@@ -164,6 +166,37 @@ def _event_tracer(args: argparse.Namespace):
     from .devtools.tracer import EventTracer
 
     return EventTracer(log_intermediate_outputs=bool(args.debug_buffer))
+
+
+# ---------------------------------------------------------------------------- verify
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="run the test cases of a bundled program (.bpte) and compare with its expected outputs",
+        description="Load the program embedded in a bundled program (ExecuTorch's .bpte), run every test case "
+        "of every method and compare with the expected outputs: |actual - expected| <= atol + rtol * "
+        "|expected|. Prints one line per case and a summary. Exit status 0 when all pass, 1 when any "
+        "fails, 2 when the file is malformed.",
+    )
+    p.add_argument("file", help="path of the .bpte bundled program")
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    p.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (default 1e-6)")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .devtools.bundled_program import format_results, load_bundled_program, verify_bundled_program
+    from .errors import MalformedProgramError
+
+    try:
+        results = verify_bundled_program(load_bundled_program(args.file), rtol=args.rtol, atol=args.atol)
+    except MalformedProgramError as e:
+        print(f"error: {args.file}: {e}", file=sys.stderr)
+        return 2
+    print(format_results(results))
+    return 0 if all(r.passed for r in results) else 1
 
 
 def _pick_method(names: list[str], wanted: Optional[str]) -> str:

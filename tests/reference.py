@@ -158,3 +158,36 @@ def run_reference_steps(pte: os.PathLike | str, steps: Sequence[Sequence[np.ndar
 
 def _last_lines(text: str, n: int = 5) -> str:
     return " | ".join(text.strip().splitlines()[-n:])
+
+
+def run_worker_once(worker: str, cases: str, prefix: str, timeout_s: int = 1800) -> tuple[Path, dict]:
+    """Run `worker` (a script for the reference venv taking a cases.json path and a folder) once
+    per machine: the folder, under ~/.cache/execupy-conformance, is keyed by a hash of the
+    cases, the worker and the venv, and holds what the worker wrote plus its report.json."""
+    import hashlib
+    import json
+
+    python = reference_python()
+    key = hashlib.sha256(f"{cases}{worker}{python}".encode()).hexdigest()[:16]
+    folder = Path.home() / ".cache" / "execupy-conformance" / f"{prefix}-{key}"
+    if not (folder / "report.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "cases.json").write_text(cases)
+        proc = subprocess.run([str(python), "-c", worker, str(folder / "cases.json"), str(folder)],
+                              capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if proc.returncode != 0:
+            raise ReferenceError(f"ExecuTorch worker exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return folder, json.loads((folder / "report.json").read_text())
+
+
+def worker_case_outputs(folder: Path, name: str) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """(inputs, ExecuTorch's outputs, execupy's outputs) of a program a worker saved as
+    `name`.pte with `name`.npz (in0.., out0..)."""
+    from execupy.runtime import Module
+
+    data = np.load(folder / f"{name}.npz")
+    inputs = [data[f"in{i}"] for i in range(sum(k.startswith("in") for k in data.files))]
+    expected = [data[f"out{i}"] for i in range(sum(k.startswith("out") for k in data.files))]
+    got = Module(str(folder / f"{name}.pte")).forward(*inputs)
+    return inputs, expected, list(got) if isinstance(got, (list, tuple)) else [got]

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Protocol
 # Built-in backends: id -> the module whose import registers it.
 BUILTIN_BACKENDS: dict[str, str] = {
     "NumpyFusedBackend": "execupy.backends.numpy_fused",
+    "XnnpackBackend": "execupy.backends.xnnpack",
 }
 
 

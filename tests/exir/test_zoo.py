@@ -1,8 +1,9 @@
-"""Every zoo model, exported by execupy: our runtime and ExecuTorch's own runtime both
-match torch eager on the same .pte file."""
+"""Every zoo model (zoo.py and zoo_functions.py), exported by execupy: our runtime and
+ExecuTorch's own runtime both match torch eager on the same .pte file."""
 from __future__ import annotations
 
 import copy
+import re
 from functools import lru_cache
 
 import ml_dtypes
@@ -15,10 +16,13 @@ from torch.utils import _pytree as pytree
 from execupy.exir import EdgeCompileConfig, to_edge
 from execupy.runtime import Module
 
+from .. import reference
 from ..reference import run_reference
+from . import zoo_functions  # noqa: F401  (adds its cases to CASES)
 from .zoo import CASES, Case, by_name
 
 NAMES = [c.name for c in CASES]
+
 
 
 def to_numpy(value):
@@ -97,7 +101,7 @@ def test_stateful_steps_match_eager():
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [c.name for c in CASES if not c.reference_lacks])
 def test_reference_runtime_matches_eager(name):
     c, model, args, prog = exported(name, check_kernels=False)
     for inputs in input_sets(c, args)[:2]:
@@ -105,6 +109,14 @@ def test_reference_runtime_matches_eager(name):
         got = run_reference(prog.buffer, [to_numpy(x) for x in inputs], calls=c.calls)
         for call in range(c.calls):
             assert_same(got[call], expected[call], c)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("name", [c.name for c in CASES if c.reference_lacks])
+def test_reference_runtime_refuses_what_its_kernels_lack(name):
+    c, _, args, prog = exported(name, check_kernels=False)
+    with pytest.raises(reference.ReferenceError, match=f"Missing operator: .* {re.escape(c.reference_lacks)}"):
+        run_reference(prog.buffer, [to_numpy(x) for x in args])
 
 
 def test_memory_plan_reuses_bytes():

@@ -16,10 +16,8 @@ bool and integer tolerances) as torch.allclose does.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import subprocess
 from itertools import product
 from pathlib import Path
 
@@ -32,7 +30,7 @@ from execupy.errors import UnsupportedOperatorError
 from execupy.runtime import Module, Program
 from execupy.schema import read_pte
 
-from ..reference import ReferenceError, reference_python, run_reference
+from ..reference import run_reference, run_worker_once, worker_case_outputs
 from .test_reduce_linalg import FLOATS, INTS, aten, assert_matches, out_like, rand, run, run_out, to_np
 
 # ExecuTorch's dtype groups: ALL / REALHBBF16 = every real dtype plus bool.
@@ -725,17 +723,7 @@ def executorch_programs() -> tuple[Path, dict]:
     """Export and run every case in the reference venv once (about a minute); the results are
     cached in ~/.cache/execupy-conformance under a hash of the cases, the worker and the venv."""
     cases = json.dumps({name: executorch_case(name) for name in ET_CASES}, sort_keys=True)
-    python = reference_python()
-    key = hashlib.sha256(f"{cases}{_ET_WORKER}{python}".encode()).hexdigest()[:16]
-    folder = Path.home() / ".cache" / "execupy-conformance" / f"portable-more-{key}"
-    if not (folder / "report.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "cases.json").write_text(cases)
-        proc = subprocess.run([str(python), "-c", _ET_WORKER, str(folder / "cases.json"), str(folder)],
-                              capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            raise ReferenceError(f"ExecuTorch export worker exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return folder, json.loads((folder / "report.json").read_text())
+    return run_worker_once(_ET_WORKER, cases, "portable-more")
 
 
 def check_random(kind: str, inputs: list[np.ndarray], got: np.ndarray) -> None:
@@ -754,11 +742,7 @@ def test_programs_executorch_wrote_run_the_same_in_execupy(executorch_programs, 
     case = executorch_case(name)
     assert isinstance(report[name], list), f"ExecuTorch could not export or run the case: {report[name]}"
     assert case["op"] in report[name], f"the program does not call {case['op']}: {report[name]}"
-    data = np.load(folder / f"{name}.npz")
-    inputs = [data[f"in{i}"] for i in range(sum(k.startswith("in") for k in data.files))]
-    expected = [data[f"out{i}"] for i in range(sum(k.startswith("out") for k in data.files))]
-    got = Module(str(folder / f"{name}.pte")).forward(*inputs)
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    inputs, expected, got = worker_case_outputs(folder, name)
     assert len(got) == len(expected)
     for ours, theirs in zip(got, expected):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (ours.dtype, ours.shape, theirs.dtype,

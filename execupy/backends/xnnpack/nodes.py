@@ -1,0 +1,528 @@
+"""The node-type table: for each XNNPACK node kind, a builder that turns the node into a step.
+
+A builder runs once at init (`build(node, graph) -> step`) and does the work that does not
+depend on the inputs (filter re-layout, requantization scales, clamp bounds); the step it
+returns runs per call as `step(vals)`, reading and writing the value list.
+
+Most nodes are computed in the float domain: inputs are dequantized (an identity for fp32;
+fp16 is widened to fp32), the op runs in fp32, the fused clamp is applied and the result is
+stored in the output's datatype (rounded to fp16, or quantized). XNNPACK's int8 kernels for
+add/multiply/pooling work in fixed point instead; the two agree to within one quantization
+step (they can differ where a value falls on a rounding tie). fp16 nodes are computed in
+fp32 and rounded once to fp16, where XNNPACK's f16 kernels may round (and accumulate
+matrix products) in fp16. FullyConnected and convolutions on quantized data accumulate in
+integers exactly as XNNPACK does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ...errors import MalformedProgramError, UnsupportedOperatorError
+from ...kernels.portable.conv import convolution
+from ...kernels.portable.pool import avg_pool2d, max_pool2d_with_indices
+from ...kernels.registry import get_kernel
+from . import quant as Q
+from .schema import Node
+
+F32 = np.float32
+Step = Callable[[list], None]
+TRANSPOSE_WEIGHTS = 0x1  # FullyConnected: filter is [in, out]; BatchMatrixMultiply: B is transposed
+ALIGN_CORNERS = 0x8
+TENSORFLOW_LEGACY_MODE = 0x4
+# Static sizes a node may produce; a hostile graph must not make us allocate without bound.
+MAX_STATIC_ELEMENTS = 1 << 28
+
+
+def _kernel(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    fn = get_kernel(f"aten::{name}.out")
+    return lambda x: fn(x, out=np.empty_like(x))
+
+
+# ---------------------------------------------------------------- float-domain nodes
+
+
+def _unary(fn: Callable[[np.ndarray], np.ndarray]):
+    def build(node: Node, g) -> Step:
+        load, store = g.loader(node.fields["input_id"]), g.storer(node.fields["output_id"], node)
+        out = node.fields["output_id"]
+
+        def step(vals: list) -> None:
+            vals[out] = store(fn(load(vals)))
+
+        return step
+
+    return build
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+    def build(node: Node, g) -> Step:
+        f = node.fields
+        a, b = g.loader(f["input1_id"]), g.loader(f["input2_id"])
+        store, out = g.storer(f["output_id"], node), f["output_id"]
+
+        def step(vals: list) -> None:
+            vals[out] = store(fn(a(vals), b(vals)))
+
+        return step
+
+    return build
+
+
+def _with_fields(make: Callable[[Node, object], Callable[[np.ndarray], np.ndarray]]):
+    """A unary node whose function depends on the node's fields (perm, shape, ...)."""
+
+    def build(node: Node, g) -> Step:
+        return _unary(make(node, g))(node, g)
+
+    return build
+
+
+def _layout(make: Callable[[Node, object], Callable[[np.ndarray], np.ndarray]]):
+    """A node that only moves elements (transpose, reshape, slice): on the stored values
+    directly when input and output are stored alike (int8 with the same parameters, or the
+    same float type), so quantized data is not round-tripped through fp32."""
+
+    def build(node: Node, g) -> Step:
+        fn, src, out = make(node, g), node.fields["input_id"], node.fields["output_id"]
+        if not g.stored_alike(src, out) or node.output_min != -math.inf or node.output_max != math.inf:
+            return _unary(fn)(node, g)
+
+        def step(vals: list) -> None:
+            vals[out] = fn(vals[src])
+
+        return step
+
+    return build
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _prelu(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    return np.where(x >= 0, x, x * slope)
+
+
+def _transpose(node: Node, g):
+    perm = tuple(node.fields["perm"])
+    rank = len(g.values[node.fields["input_id"]].dims)
+    if sorted(perm) != list(range(rank)):
+        raise MalformedProgramError(f"StaticTranspose perm {list(perm)} does not fit a rank-{rank} input")
+    return lambda x: np.transpose(x, perm)
+
+
+def _reshape(node: Node, g):
+    shape = [int(d) for d in node.fields["new_shape"]]
+    limit = max(1, math.prod(g.values[node.fields["input_id"]].dims))
+    if math.prod(d for d in shape if d) > limit:
+        raise MalformedProgramError(f"StaticReshape to {shape} is larger than its input")
+    # A 0 marks a dimension XNNPACK infers (dynamic shapes); numpy infers at most one.
+    if shape.count(0) <= 1:
+        target = tuple(-1 if d == 0 else d for d in shape)
+        return lambda x: x.reshape(target)
+    out_dims = g.values[node.fields["output_id"]].dims
+
+    def reshape(x: np.ndarray) -> np.ndarray:  # several dynamic dims: keep the batch's, infer the last
+        known = [d if d else (x.shape[i] if i < x.ndim else out_dims[i]) for i, d in enumerate(shape)]
+        known[max(i for i, d in enumerate(shape) if d == 0)] = -1
+        return x.reshape(known)
+
+    return reshape
+
+
+def _slice(node: Node, g):
+    offsets, sizes = node.fields["offsets"], node.fields["sizes"]
+    if len(offsets) != len(sizes):
+        raise MalformedProgramError("StaticSlice has offsets and sizes of different lengths")
+    # A size of 0 means "to the end" (dynamic shapes).
+    index = tuple(slice(o, o + s if s else None) for o, s in zip(offsets, sizes))
+    return lambda x: x[index]
+
+
+def _pad(node: Node, g):
+    pre, post = node.fields["pre_paddings"], node.fields["post_paddings"]
+    ins, outs = g.values[node.fields["input_id"]].dims, g.values[node.fields["output_id"]].dims
+    if not (len(pre) == len(post) == len(ins) == len(outs)) or any(
+            i + a + b != o for i, a, b, o in zip(ins, pre, post, outs)):
+        raise MalformedProgramError(f"StaticConstantPad {pre}/{post} does not turn {ins} into {outs}")
+    if math.prod(outs) > MAX_STATIC_ELEMENTS:
+        raise MalformedProgramError(f"StaticConstantPad output {outs} is implausibly large")
+    width, value = list(zip(pre, post)), node.fields["padding_value"]
+    return lambda x: np.pad(x, width, constant_values=value)
+
+
+def _global_avg_pool(node: Node, g):
+    keep = len(g.values[node.fields["output_id"]].dims) == 4
+    return lambda x: x.mean(axis=(1, 2), keepdims=keep, dtype=F32)
+
+
+def _leaky_relu(node: Node, g):
+    slope = F32(node.fields["negative_slope"])
+    return lambda x: np.where(x > 0, x, x * slope)
+
+
+def _elu(node: Node, g):
+    alpha = F32(node.fields["alpha"])
+    return lambda x: np.where(x > 0, x, np.expm1(x) * alpha)
+
+
+def _nhwc(fn):
+    """Run an NCHW kernel on NHWC data."""
+    return lambda x: np.ascontiguousarray(fn(x.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1))
+
+
+def _pool_geometry(node: Node, what: str):
+    f = node.fields
+    if f["padding_top"] != f["padding_bottom"] or f["padding_left"] != f["padding_right"]:
+        raise UnsupportedOperatorError(f"XnnpackBackend: {what} with asymmetric padding is not supported")
+    kernel = (f["pooling_height"], f["pooling_width"])
+    stride = (f["stride_height"], f["stride_width"])
+    dilation = (max(1, f["dilation_height"]), max(1, f["dilation_width"]))
+    return kernel, stride, (f["padding_top"], f["padding_left"]), dilation
+
+
+def _max_pool(node: Node, g):
+    kernel, stride, padding, dilation = _pool_geometry(node, "MaxPooling2d")
+    dummy = np.empty(0, F32)
+    return _nhwc(lambda x: max_pool2d_with_indices(x, kernel, stride, padding, dilation, False, dummy,
+                                                   np.empty(0, np.int64))[0])
+
+
+def _avg_pool(node: Node, g):
+    kernel, stride, padding, _ = _pool_geometry(node, "AvgPooling2d")
+    # XNNPACK averages over the pixels inside the input only.
+    return _nhwc(lambda x: avg_pool2d(x, kernel, stride, padding, False, False, None, np.empty(0, F32)))
+
+
+def _resize_bilinear(node: Node, g):
+    f = node.fields
+    out_h, out_w = f["new_height"], f["new_width"]
+    out_dims = g.values[f["output_id"]].dims
+    if len(out_dims) != 4 or (out_dims[1], out_dims[2]) != (out_h, out_w):
+        raise MalformedProgramError(f"StaticResizeBilinear2D to {out_h}x{out_w} disagrees with output {out_dims}")
+    if math.prod(out_dims) > MAX_STATIC_ELEMENTS:
+        raise MalformedProgramError(f"StaticResizeBilinear2D to {out_h}x{out_w} is implausibly large")
+    align = bool(f["flags"] & ALIGN_CORNERS)
+    half_pixel = not align and not f["flags"] & TENSORFLOW_LEGACY_MODE
+
+    def coords(n_in: int, n_out: int):
+        if align:
+            scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+            src = np.arange(n_out) * scale
+        else:
+            scale = n_in / n_out
+            src = (np.arange(n_out) + 0.5) * scale - 0.5 if half_pixel else np.arange(n_out) * scale
+        src = np.clip(src, 0, n_in - 1).astype(F32)
+        lo = np.floor(src).astype(np.int64)
+        hi = np.minimum(lo + 1, n_in - 1)
+        return lo, hi, (src - lo).astype(F32)
+
+    def resize(x: np.ndarray) -> np.ndarray:
+        y0, y1, wy = coords(x.shape[1], out_h)
+        x0, x1, wx = coords(x.shape[2], out_w)
+        top = x[:, y0] * (1 - wy)[None, :, None, None] + x[:, y1] * wy[None, :, None, None]
+        return top[:, :, x0] * (1 - wx)[None, None, :, None] + top[:, :, x1] * wx[None, None, :, None]
+
+    return resize
+
+
+def _clamp_only(node: Node, g):
+    return lambda x: x  # the bounds are the node's fused output clamp
+
+
+def _concatenate(node: Node, g) -> Step:
+    f = node.fields
+    count = {"Concatenate2": 2, "Concatenate3": 3, "Concatenate4": 4, "Concatenate5": 5}[node.kind]
+    loads = [g.loader(f[f"input{i}_id"]) for i in range(1, count + 1)]
+    store, out, axis = g.storer(f["output_id"], node), f["output_id"], f["axis"]
+
+    def step(vals: list) -> None:
+        vals[out] = store(np.concatenate([load(vals) for load in loads], axis=axis))
+
+    return step
+
+
+def _batch_matmul(node: Node, g) -> Step:
+    transpose_b = bool(node.fields["flags"] & TRANSPOSE_WEIGHTS)
+    return _binary(lambda a, b: np.matmul(a, np.swapaxes(b, -1, -2) if transpose_b else b))(node, g)
+
+
+def _sdpa(node: Node, g) -> Step:
+    f = node.fields
+    q, k, v, scale, mask = (g.loader(f[n]) for n in ("query_id", "key_id", "value_id", "scale_id", "mask_id"))
+    store, out = g.storer(f["output_id"], node), f["output_id"]
+
+    def step(vals: list) -> None:
+        logits = np.matmul(q(vals) * scale(vals), np.swapaxes(k(vals), -1, -2)) + mask(vals)
+        vals[out] = store(np.matmul(_softmax(logits), v(vals)))
+
+    return step
+
+
+# ---------------------------------------------------------------- convert
+
+
+def _convert(node: Node, g) -> Step:
+    src, dst = g.values[node.fields["input_id"]], g.values[node.fields["output_id"]]
+    out = node.fields["output_id"]
+    if dst.datatype == "qdint8":
+        load = g.loader(node.fields["input_id"])
+
+        def step(vals: list) -> None:
+            vals[out] = Q.quantize_dynamic(load(vals))
+
+        return step
+    return _unary(lambda x: x)(node, g)
+
+
+# ---------------------------------------------------------------- fully connected
+
+
+def _fully_connected(node: Node, g) -> Step:
+    f = node.fields
+    x_id, w_id, b_id, out = f["input1_id"], f["filter_id"], f["bias_id"], f["output_id"]
+    x_val, w_val, out_val = g.values[x_id], g.values[w_id], g.values[out]
+    w = g.const(w_id, "FullyConnected filter")
+    if f["flags"] & TRANSPOSE_WEIGHTS:
+        w = w.T
+    w = np.ascontiguousarray(w)  # [out, in]
+    has_bias = b_id != 0xFFFFFFFF and b_id < len(g.values)
+    if x_val.datatype in ("qint8", "quint8"):
+        return _fc_static_quant(node, g, w, has_bias)
+    if x_val.datatype == "qdint8":
+        return _fc_dynamic_quant(node, g, w, has_bias)
+    if w_val.datatype not in ("fp32", "fp16"):
+        raise UnsupportedOperatorError(
+            f"XnnpackBackend: FullyConnected with {x_val.datatype} input and {w_val.datatype} filter")
+    wt = np.ascontiguousarray(w.astype(F32).T)
+    bias = g.loader(b_id) if has_bias else None
+    load, store = g.loader(x_id), g.storer(out, node)
+
+    def step(vals: list) -> None:
+        y = np.matmul(load(vals), wt)
+        if bias is not None:
+            y += bias(vals)
+        vals[out] = store(y)
+
+    return step
+
+
+def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
+    f = node.fields
+    x_val, w_val, out_val = g.values[f["input1_id"]], g.values[f["filter_id"]], g.values[f["output_id"]]
+    x_zp = x_val.quant.zero_point
+    wt = np.ascontiguousarray((w.astype(np.float64) - g.filter_zero_point(f["filter_id"])).T)
+    bias = g.const(f["bias_id"], "FullyConnected bias").astype(np.float64) if has_bias else 0.0
+    scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
+    lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
+                                node.output_min, node.output_max)
+    x_id, out = f["input1_id"], f["output_id"]
+
+    def step(vals: list) -> None:
+        # float64 holds every int32 accumulator exactly: this is XNNPACK's integer sum.
+        acc = np.matmul(vals[x_id].astype(np.float64) - x_zp, wt) + bias
+        vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
+
+    return step
+
+
+def _requant_scale(x_val, w_scales: np.ndarray, out_val) -> np.ndarray:
+    return (F32(x_val.quant.scale[0]) * w_scales.astype(F32) / F32(out_val.quant.scale[0])).astype(F32)
+
+
+def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
+    """qd8 input x qc8w/qc4w/qb4w filter -> fp32. Per row r and channel c:
+    y = x_scale[r] * sum_blocks(w_scale[c, b] * sum_{k in b}((x[r,k] - x_zp[r]) * w[c,k])) + bias[c].
+    XNNPACK sums each block in int32 and the blocks in fp32; here the blocks are summed in
+    float64, so results can differ in the last bits of fp32."""
+    f = node.fields
+    w_id, out = f["filter_id"], f["output_id"]
+    w_int = w.astype(np.float64) - g.filter_zero_point(w_id)
+    scales = g.scales(w_id).astype(np.float64)
+    n_out, n_in = w_int.shape
+    if scales.ndim == 2 and scales.shape[1] > 1:  # blockwise: fold the block scales into the weights
+        block = n_in // scales.shape[1]
+        w_scaled = (w_int.reshape(n_out, -1, block) * scales[:, :, None]).reshape(n_out, n_in)
+    else:
+        w_scaled = w_int * scales.reshape(n_out, 1)
+    wt = np.ascontiguousarray(w_scaled.T)
+    bias = g.const(f["bias_id"], "FullyConnected bias").astype(np.float64) if has_bias else 0.0
+    lo, hi = F32(node.output_min), F32(node.output_max)
+    x_id = f["input1_id"]
+
+    def step(vals: list) -> None:
+        x: Q.DynamicQuant = vals[x_id]
+        acc = np.matmul(x.q.astype(np.float64) - x.zero_point, wt)
+        y = (acc * x.scale.astype(np.float64) + bias).astype(F32)
+        vals[out] = np.clip(y, lo, hi)
+
+    return step
+
+
+# ---------------------------------------------------------------- convolution
+
+
+def _conv_geometry(f: dict):
+    stride = (max(1, f["subsampling_height"]), max(1, f["subsampling_width"]))
+    dilation = (max(1, f["dilation_height"]), max(1, f["dilation_width"]))
+    pads = ((f["padding_top"], f["padding_bottom"]), (f["padding_left"], f["padding_right"]))
+    return stride, dilation, pads
+
+
+def _conv_filter(node: Node, g) -> np.ndarray:
+    """The filter as torch lays it out: (Cout, Cin/groups, KH, KW)."""
+    f = node.fields
+    w = g.const(f["filter_id"], f"{node.kind} filter")
+    if w.ndim != 4 or (w.shape[1], w.shape[2]) != (f["kernel_height"], f["kernel_width"]):
+        raise MalformedProgramError(f"{node.kind} filter of shape {w.shape} does not match its kernel size")
+    if node.kind == "DepthwiseConv2d":  # [1, KH, KW, Cout]
+        return np.ascontiguousarray(w[0].transpose(2, 0, 1)[:, None])
+    if node.kind == "ConvTranspose2d":  # [G*Cout_g, KH, KW, Cin_g] -> (G*Cin_g, Cout_g, KH, KW)
+        groups = max(1, f["groups"])
+        cout_g, kh, kw, cin_g = w.shape[0] // groups, w.shape[1], w.shape[2], w.shape[3]
+        return np.ascontiguousarray(
+            w.reshape(groups, cout_g, kh, kw, cin_g).transpose(0, 4, 1, 2, 3).reshape(groups * cin_g, cout_g, kh, kw))
+    return np.ascontiguousarray(w.transpose(0, 3, 1, 2))  # [Cout, KH, KW, Cin_g]
+
+
+def _conv_nchw(node: Node, w: np.ndarray, dtype) -> Callable[[np.ndarray], np.ndarray]:
+    """x NHWC -> conv (no bias) -> NHWC, computed in `dtype`."""
+    f = node.fields
+    stride, dilation, pads = _conv_geometry(f)
+    groups = max(1, f["groups"])
+    w = w.astype(dtype)
+    dummy = np.empty(0, dtype)
+    if node.kind == "ConvTranspose2d":
+        adjust = (f["adjustment_height"], f["adjustment_width"])
+
+        def deconv(x: np.ndarray) -> np.ndarray:
+            y = convolution(x, w, None, stride, (0, 0), dilation, True, adjust, groups, dummy)
+            return y[:, :, pads[0][0]:y.shape[2] - pads[0][1], pads[1][0]:y.shape[3] - pads[1][1]]
+
+        return _nhwc(lambda x: deconv(x.astype(dtype, copy=False)))
+
+    def conv(x: np.ndarray) -> np.ndarray:
+        x = x.astype(dtype, copy=False)
+        if any(p for pair in pads for p in pair):
+            x = np.pad(x, ((0, 0), (0, 0), *pads))
+        return convolution(x, w, None, stride, (0, 0), dilation, False, (0, 0), groups, dummy)
+
+    return _nhwc(conv)
+
+
+def _convolution(node: Node, g) -> Step:
+    f = node.fields
+    x_id, b_id, out = f["input1_id"], f["bias_id"], f["output_id"]
+    x_val, out_val = g.values[x_id], g.values[out]
+    w = _conv_filter(node, g)
+    has_bias = b_id != 0xFFFFFFFF and b_id < len(g.values)
+    if x_val.datatype in ("qint8", "quint8"):
+        conv = _conv_nchw(node, w.astype(np.float64) - g.filter_zero_point(f["filter_id"]), np.float64)
+        bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else 0.0
+        scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
+        lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
+                                    node.output_min, node.output_max)
+        x_zp = x_val.quant.zero_point
+
+        def step_quantized(vals: list) -> None:
+            acc = conv(vals[x_id].astype(np.float64) - x_zp) + bias
+            vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
+
+        return step_quantized
+    if x_val.datatype == "qdint8":
+        return _conv_dynamic_quant(node, g, w, has_bias)
+    if g.values[f["filter_id"]].datatype not in ("fp32", "fp16"):
+        raise UnsupportedOperatorError(f"XnnpackBackend: {node.kind} with a {g.values[f['filter_id']].datatype} "
+                                       f"filter and {x_val.datatype} input")
+    conv = _conv_nchw(node, w, F32)
+    bias = g.loader(b_id) if has_bias else None
+    load, store = g.loader(x_id), g.storer(out, node)
+
+    def step(vals: list) -> None:
+        y = conv(load(vals))
+        if bias is not None:
+            y = y + bias(vals)
+        vals[out] = store(y)
+
+    return step
+
+
+def _conv_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
+    """qd8 input (a scale and zero point per pixel) x qc8w filter -> fp32:
+    y = w_scale[c] * conv(x_scale * (x - x_zp), w)[n, c] + bias[c]; for a 1x1 filter (the case
+    ExecuTorch emits) this is XNNPACK's per-row scaling exactly. For larger filters a window
+    mixes pixels with different scales, which XNNPACK's qd8 igemm cannot express; we dequantize
+    the pixels first, the mathematically meaningful reading."""
+    f = node.fields
+    conv = _conv_nchw(node, w.astype(np.float64) - g.filter_zero_point(f["filter_id"]), np.float64)
+    w_scale = g.scales(f["filter_id"]).astype(np.float64).reshape(-1)  # per output channel, NHWC's last dim
+    bias = g.const(f["bias_id"], f"{node.kind} bias").astype(np.float64) if has_bias else 0.0
+    lo, hi = F32(node.output_min), F32(node.output_max)
+    x_id, out = f["input1_id"], f["output_id"]
+
+    def step(vals: list) -> None:
+        x: Q.DynamicQuant = vals[x_id]
+        y = conv((x.q.astype(np.float64) - x.zero_point) * x.scale)
+        vals[out] = np.clip((y * w_scale + bias).astype(F32), lo, hi)
+
+    return step
+
+
+def _unsupported(node: Node, g) -> Step:
+    raise UnsupportedOperatorError(f"XnnpackBackend: node type {node.kind} is not supported by execupy")
+
+
+# node kind -> builder(node, graph) -> step
+BUILDERS: dict[str, Callable[[Node, object], Step]] = {
+    "Add": _binary(np.add),
+    "Subtract": _binary(np.subtract),
+    "Multiply": _binary(np.multiply),
+    "Div": _binary(np.divide),
+    "Minimum": _binary(np.minimum),
+    "Maximum": _binary(np.maximum),
+    "PReLU": _binary(_prelu),
+    "BatchMatrixMultiply": _batch_matmul,
+    "FullyConnected": _fully_connected,
+    "Conv2d": _convolution,
+    "DepthwiseConv2d": _convolution,
+    "ConvTranspose2d": _convolution,
+    "Convert": _convert,
+    "Softmax": _unary(_softmax),
+    "Sigmoid": _unary(_kernel("sigmoid")),
+    "Tanh": _unary(_kernel("tanh")),
+    "Exp": _unary(_kernel("exp")),
+    "Log": _unary(_kernel("log")),
+    "Sin": _unary(_kernel("sin")),
+    "Cos": _unary(_kernel("cos")),
+    "Abs": _unary(np.abs),
+    "Negate": _unary(np.negative),
+    "Square": _unary(np.square),
+    "SquareRoot": _unary(_kernel("sqrt")),
+    "ReciprocalSquareRoot": _unary(_kernel("rsqrt")),
+    "Floor": _unary(np.floor),
+    "Ceiling": _unary(np.ceil),
+    "Gelu": _unary(lambda x: get_kernel("aten::gelu.out")(x, "none", np.empty_like(x))),
+    "Hardswish": _unary(_kernel("hardswish")),
+    "Copy": _unary(lambda x: x.copy()),
+    "Clamp": _with_fields(_clamp_only),
+    "LeakyReLU": _with_fields(_leaky_relu),
+    "ELU": _with_fields(_elu),
+    "StaticTranspose": _layout(_transpose),
+    "StaticReshape": _layout(_reshape),
+    "StaticSlice": _layout(_slice),
+    "StaticConstantPad": _with_fields(_pad),
+    "GlobalAvgPooling2d": _with_fields(_global_avg_pool),
+    "MaxPooling2d": _with_fields(_max_pool),
+    "AvgPooling2d": _with_fields(_avg_pool),
+    "StaticResizeBilinear2D": _with_fields(_resize_bilinear),
+    "Concatenate2": _concatenate,
+    "Concatenate3": _concatenate,
+    "Concatenate4": _concatenate,
+    "Concatenate5": _concatenate,
+    "ScaledDotProductAttention": _sdpa,
+    "ArgMaxPooling2d": _unsupported,
+}

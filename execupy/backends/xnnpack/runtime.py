@@ -1,0 +1,277 @@
+"""Runtime half of XnnpackBackend (no torch): the delegate payloads ExecuTorch's XNNPACK
+partitioner writes, run in numpy.
+
+`init` decodes the XNNGraph once, resolves every constant to a numpy view of the program's
+bytes (named data or the payload's own constant region), unpacks 4-bit weights, re-lays
+filters and builds one step per node (see nodes.py); `execute` binds the call's tensors to
+the graph's external values and walks the steps. Intermediate values live in a per-call
+list (dynamic shapes make their sizes known only at run time), each dropped after the last
+node that reads it, as planned at init.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import ml_dtypes
+import numpy as np
+
+from ...errors import ExecupyError, InvalidInputError, MalformedProgramError
+from . import quant as Q
+from .nodes import BUILDERS, Step
+from .schema import EXTERNAL_INPUT, EXTERNAL_OUTPUT, NAMED_DATA_OFFSET, NO_EXTERNAL_ID, Graph, Node, Value, read_payload
+
+BACKEND_ID = "XnnpackBackend"
+F32 = np.float32
+NO_VALUE = 0xFFFFFFFF
+FLOAT_TYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+# datatype -> numpy dtype of its constant bytes (4-bit types are unpacked separately)
+CONSTANT_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16, "int32": np.int32,
+                   "qint32": np.int32, "qcint32": np.int32, "qint8": np.int8, "qcint8": np.int8,
+                   "quint8": np.uint8}
+FOUR_BIT = ("qcint4", "qbint4")
+
+
+@dataclass
+class Compiled:
+    """One delegate, ready to run."""
+
+    inputs: list[tuple[int, Value]]  # (value id, value) by external id
+    outputs: list[int]  # value ids by external id
+    constants: dict[int, Any]
+    steps: list[Step]
+    releases: list[tuple[int, ...]]  # per step, the values no later step reads
+    num_values: int
+
+    def run(self, args: list) -> list:
+        vals: list[Any] = [None] * self.num_values
+        for i, x in self.constants.items():
+            vals[i] = x
+        for (i, value), x in zip(self.inputs, args):
+            vals[i] = _bind_input(value, x)
+        for step, dead in zip(self.steps, self.releases):
+            step(vals)
+            for i in dead:  # free intermediates at their last use: peak memory is the live set's
+                vals[i] = None
+        return [vals[i] for i in self.outputs]
+
+
+def _bind_input(value: Value, x: Any) -> np.ndarray:
+    x = np.asarray(x)
+    want = FLOAT_TYPES.get(value.datatype) or CONSTANT_DTYPES.get(value.datatype)
+    if want is not None and x.dtype != want:
+        raise InvalidInputError(f"{BACKEND_ID}: external input {value.external_id} has dtype {x.dtype}, "
+                                f"the delegate expects {np.dtype(want)}")
+    return x
+
+
+class GraphContext:
+    """What node builders ask of the graph at init: values, constants, and per value the
+    functions that load it as fp32 and store an fp32 result in its datatype."""
+
+    def __init__(self, graph: Graph, named_data: Callable[[str], memoryview]):
+        self.graph, self.values, self.named_data = graph, graph.values, named_data
+        self.constants: dict[int, np.ndarray] = {}
+        self._scales: dict[int, np.ndarray] = {}
+
+    def check_id(self, i: int, what: str) -> int:
+        if not 0 <= i < len(self.values):
+            raise MalformedProgramError(f"{what} names value {i}, but the graph has {len(self.values)} values")
+        return i
+
+    # ------------------------------------------------------------ constants
+
+    def constant_bytes(self, idx: int, what: str) -> memoryview:
+        entries = self.graph.constant_data
+        if not 0 < idx < len(entries):
+            raise MalformedProgramError(f"{what}: constant index {idx} out of range ({len(entries)} entries)")
+        ref = entries[idx]
+        if ref.offset == NAMED_DATA_OFFSET:
+            return self.named_data(ref.named_key)
+        data = self.graph.constant_bytes
+        if ref.offset + ref.size > len(data):
+            raise MalformedProgramError(f"{what}: constant at {ref.offset} (+{ref.size}) lies outside the "
+                                        f"payload's {len(data)} constant bytes")
+        return data[ref.offset:ref.offset + ref.size]
+
+    def decode_constant(self, i: int) -> np.ndarray:
+        value = self.values[i]
+        raw = self.constant_bytes(value.constant_buffer_idx, f"value {i}")
+        shape = tuple(value.dims)
+        count = math.prod(shape)
+        if value.datatype in FOUR_BIT:
+            return _unpack_4bit(raw, shape, f"value {i}")
+        dtype = CONSTANT_DTYPES.get(value.datatype)
+        if dtype is None:
+            raise MalformedProgramError(f"value {i}: constants of datatype {value.datatype} are not supported")
+        if len(raw) < count * np.dtype(dtype).itemsize:
+            raise MalformedProgramError(f"value {i}: constant of shape {list(shape)} ({value.datatype}) needs "
+                                        f"{count * np.dtype(dtype).itemsize} bytes, has {len(raw)}")
+        return np.frombuffer(raw, dtype, count).reshape(shape)
+
+    def const(self, i: int, what: str) -> np.ndarray:
+        self.check_id(i, what)
+        if i not in self.constants:
+            raise MalformedProgramError(f"{what} (value {i}) is not a constant")
+        return self.constants[i]
+
+    def scales(self, i: int) -> np.ndarray:
+        """Per-channel scales (Cout,) or per-group scales (Cout, groups) of a quantized filter."""
+        if i not in self._scales:
+            self._scales[i] = self._decode_scales(i)
+        return self._scales[i]
+
+    def _decode_scales(self, i: int) -> np.ndarray:
+        q = self.values[i].quant
+        if q is None:
+            raise MalformedProgramError(f"value {i} ({self.values[i].datatype}) has no quantization parameters")
+        if q.kind == "per_tensor":
+            return np.asarray(q.scale, F32)
+        if q.scale_buffer_idx:
+            raw = self.constant_bytes(q.scale_buffer_idx, f"scales of value {i}")
+            n = q.num_scales
+            # Blockwise scales are stored as bf16 (XNNPACK's qb4w takes bf16 scales).
+            if len(raw) == 2 * n and q.kind == "per_channel_group":
+                scales = np.frombuffer(raw, ml_dtypes.bfloat16, n).astype(F32)
+            elif len(raw) >= 4 * n:
+                scales = np.frombuffer(raw, F32, n)
+            else:
+                raise MalformedProgramError(f"value {i}: {len(raw)} bytes of scales for {n} scales")
+        else:
+            scales = np.asarray(q.scale, F32)
+        channels = self.values[i].dims[q.channel_dim] if q.channel_dim < len(self.values[i].dims) else 0
+        if q.kind == "per_channel_group":
+            if not channels or scales.size % channels:
+                raise MalformedProgramError(f"value {i}: {scales.size} group scales for {channels} channels")
+            return scales.reshape(channels, -1)
+        if scales.size != channels:
+            raise MalformedProgramError(f"value {i}: {scales.size} scales for {channels} channels")
+        return scales
+
+    def filter_zero_point(self, i: int) -> int:
+        """4-bit filters are stored unsigned around a zero point of 8."""
+        return 8 if self.values[i].datatype in FOUR_BIT else 0
+
+    # ------------------------------------------------------------ loading and storing
+
+    def stored_alike(self, a: int, b: int) -> bool:
+        """Values a and b hold their numbers the same way (datatype and quantization)."""
+        self.check_id(a, "node input")
+        self.check_id(b, "node output")
+        va, vb = self.values[a], self.values[b]
+        if va.datatype != vb.datatype or va.datatype == "qdint8":
+            return False
+        qa, qb = va.quant, vb.quant
+        return qa is None and qb is None or (qa is not None and qb is not None and qa.kind == qb.kind == "per_tensor"
+                                             and qa.scale == qb.scale and qa.zero_point == qb.zero_point)
+
+    def loader(self, i: int) -> Callable[[list], np.ndarray]:
+        """vals -> value i as an fp32 array (dequantized if quantized)."""
+        self.check_id(i, "node input")
+        value = self.values[i]
+        if value.datatype in ("qint8", "quint8"):
+            scale, zp = value.quant.scale[0], value.quant.zero_point
+            return lambda vals: Q.dequantize(vals[i], scale, zp)
+        if value.datatype == "qdint8":
+            return lambda vals: ((vals[i].q.astype(F32) - vals[i].zero_point) * vals[i].scale).astype(F32)
+        if value.datatype in ("fp32", "int32", "qint32", "qcint32"):
+            return lambda vals: vals[i]
+        if value.datatype in ("fp16", "bf16"):
+            return lambda vals: vals[i].astype(F32)
+        raise MalformedProgramError(f"value {i} of datatype {value.datatype} cannot be a node input here")
+
+    def storer(self, i: int, node: Node) -> Callable[[np.ndarray], Any]:
+        """fp32 result -> value i's representation, with the node's fused clamp applied."""
+        self.check_id(i, "node output")
+        value = self.values[i]
+        lo, hi = node.output_min, node.output_max
+        clamp = (lambda y: y) if lo == -math.inf and hi == math.inf else (
+            lambda y: np.clip(y, F32(lo), F32(hi)))
+        if value.datatype in ("qint8", "quint8"):
+            scale, zp, dt = value.quant.scale[0], value.quant.zero_point, value.datatype
+            return lambda y: Q.quantize(clamp(y), scale, zp, dt)
+        if value.datatype in FLOAT_TYPES:
+            dtype = FLOAT_TYPES[value.datatype]
+            return lambda y: np.asarray(clamp(y)).astype(dtype, copy=False)
+        if value.datatype == "int32":
+            return lambda y: np.asarray(y).astype(np.int32, copy=False)
+        raise MalformedProgramError(f"value {i} of datatype {value.datatype} cannot be a node output here")
+
+
+def _unpack_4bit(raw: memoryview, shape: tuple, what: str) -> np.ndarray:
+    """Two 4-bit values per byte along the last dim, low nibble first; returns uint8 0..15
+    (the stored values; XNNPACK's zero point for them is 8)."""
+    if len(shape) != 2:
+        raise MalformedProgramError(f"{what}: a 4-bit constant must be 2-D, got {list(shape)}")
+    rows, cols = shape
+    packed_cols = (cols + 1) // 2
+    if len(raw) < rows * packed_cols:
+        raise MalformedProgramError(f"{what}: 4-bit constant {list(shape)} needs {rows * packed_cols} bytes, "
+                                    f"has {len(raw)}")
+    packed = np.frombuffer(raw, np.uint8, rows * packed_cols).reshape(rows, packed_cols)
+    out = np.empty((rows, packed_cols * 2), np.uint8)
+    out[:, 0::2] = packed & 0x0F
+    out[:, 1::2] = packed >> 4
+    return out[:, :cols]
+
+
+def compile_graph(graph: Graph, named_data: Callable[[str], memoryview]) -> Compiled:
+    g = GraphContext(graph, named_data)
+    inputs: dict[int, tuple[int, Value]] = {}
+    outputs: dict[int, int] = {}
+    for i, value in enumerate(graph.values):
+        if value.constant_buffer_idx:
+            g.constants[i] = g.decode_constant(i)
+        if value.flags & (EXTERNAL_INPUT | EXTERNAL_OUTPUT):
+            if value.external_id == NO_EXTERNAL_ID or value.external_id >= len(graph.values):
+                raise MalformedProgramError(f"external value {i} has invalid external id {value.external_id}")
+            if value.flags & EXTERNAL_INPUT:
+                inputs[value.external_id] = (i, value)
+            else:
+                outputs[value.external_id] = i
+    if sorted(inputs) != list(range(len(inputs))) or sorted(outputs) != list(
+            range(len(inputs), len(inputs) + len(outputs))):
+        raise MalformedProgramError(f"external ids are not inputs 0..n-1 then outputs: inputs {sorted(inputs)}, "
+                                    f"outputs {sorted(outputs)}")
+    steps = []
+    for k, node in enumerate(graph.nodes):
+        for name, v in node.fields.items():
+            if name.endswith("_id") and v != NO_VALUE:
+                g.check_id(v, f"node {k} ({node.kind}) field {name}")
+        steps.append(BUILDERS[node.kind](node, g))
+    output_ids = [outputs[k] for k in sorted(outputs)]
+    return Compiled([inputs[k] for k in sorted(inputs)], output_ids, g.constants, steps,
+                    _release_plan(graph.nodes, set(output_ids) | set(g.constants)), len(graph.values))
+
+
+def _release_plan(nodes: list[Node], keep: set[int]) -> list[tuple[int, ...]]:
+    """For each node, the values it is the last to touch (outputs and constants stay)."""
+    last: dict[int, int] = {}
+    for k, node in enumerate(nodes):
+        for name, v in node.fields.items():
+            if name.endswith("_id") and v != NO_VALUE:
+                last[v] = k
+    dead: list[list[int]] = [[] for _ in nodes]
+    for v, k in last.items():
+        if v not in keep:
+            dead[k].append(v)
+    return [tuple(d) for d in dead]
+
+
+class XnnpackBackend:
+    def is_available(self) -> bool:
+        return True
+
+    def init(self, processed: memoryview, compile_specs: list, context: Any) -> Compiled:
+        try:
+            return compile_graph(read_payload(processed), context.named_data)
+        except ExecupyError as e:
+            raise type(e)(f"{BACKEND_ID} delegate: {e}") from e
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError, MemoryError) as e:
+            raise MalformedProgramError(f"{BACKEND_ID} delegate: payload is inconsistent: "
+                                        f"{type(e).__name__}: {e}") from e
+
+    def execute(self, handle: Compiled, args: list) -> Optional[list]:
+        outs = handle.run(args[:len(handle.inputs)])
+        return [np.asarray(o) for o in outs]

@@ -1,0 +1,104 @@
+"""`execupy run` runs an ExecuTorch-written XNNPACK program as a user would. And XnnpackBackend
+on damaged payloads: a truncated payload or flipped bytes in its XNNGraph
+flatbuffer give a typed execupy error naming the delegate (MalformedProgramError for
+structure damage), never an IndexError or a crash; a program whose damage still decodes
+either runs or fails with an ExecupyError.
+
+The programs are ExecuTorch-written conformance cases (float and int8), damaged with a
+seeded random generator so a failure can be replayed from its seed and variant number.
+"""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from execupy.backends.xnnpack import XnnpackBackend
+from execupy.errors import ExecupyError, MalformedProgramError
+from execupy.runtime import Program
+from execupy.runtime.backends import BackendContext
+
+from .conformance import cases, expected_outputs, load_inputs, mismatch
+
+CASES = {c.name: c for c in cases("xnnpack", "quant_xnnpack")}
+FUZZ_CASES = ["xnnpack-linear", "xnnpack-conv_bn_relu_pool", "quant_xnnpack-small_cnn", "xnnpack-llama_block"]
+VARIANTS_PER_CASE = 60
+SEED = 20261123
+
+
+def test_execupy_run_cli_runs_an_int8_xnnpack_program_as_executorch_does(tmp_path):
+    case = CASES["quant_xnnpack-mobilenet_v2_tiny"]
+    run = case.manifest["runs"][0]
+    proc = subprocess.run([sys.executable, "-m", "execupy", "run", str(case.pte), "--inputs",
+                           str(case.dir / run["inputs_file"]), "--save", str(tmp_path / "out.npz")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (expected,) = expected_outputs(case, run)
+    tol = case.manifest["tolerance"]
+    assert mismatch(np.load(tmp_path / "out.npz")["out0"], expected, tol["atol"], tol["rtol"]) is None
+
+
+def _payload(case) -> tuple[bytes, int, Program]:
+    """The file's bytes and where its first XNNPACK payload starts in them."""
+    data = case.pte.read_bytes()
+    program = Program.load(data)
+    delegate = program.plan(case.manifest["method_names"][0]).delegates[0]
+    payload = bytes(program.delegate_payload(delegate.processed))
+    return data, data.find(payload), program
+
+
+@pytest.mark.parametrize("name", FUZZ_CASES)
+def test_truncated_payload_is_a_malformed_program_naming_the_delegate(name):
+    data, start, program = _payload(CASES[name])
+    delegate = program.plan("forward").delegates[0]
+    payload = program.delegate_payload(delegate.processed)
+    context = BackendContext(program.named_data)
+    rng = random.Random(SEED)
+    cuts = sorted({0, 8, 31, 40, len(payload) // 2, len(payload) - 8} | {rng.randrange(len(payload)) for _ in range(20)})
+    for cut in cuts:
+        with pytest.raises(MalformedProgramError, match="XnnpackBackend"):
+            XnnpackBackend().init(payload[:cut], [], context)
+
+
+@pytest.mark.parametrize("name", FUZZ_CASES)
+def test_flipped_flatbuffer_bytes_give_typed_errors_naming_the_delegate(name):
+    case = CASES[name]
+    data, start, program = _payload(case)
+    header = np.frombuffer(data, np.uint8, 18, start)
+    fb_offset, fb_size = int(header[10:14].view("<u4")[0]), int(header[14:18].view("<u4")[0])
+    run = case.manifest["runs"][0]
+    inputs = load_inputs(case, run)
+    rng = random.Random(f"{SEED}:{name}")
+    outcomes = {"ran": 0, "rejected at load": 0, "failed at run": 0}
+    for variant in range(VARIANTS_PER_CASE):
+        damaged = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            damaged[start + fb_offset + rng.randrange(fb_size)] ^= 1 << rng.randrange(8)
+        try:
+            method = Program.load(bytes(damaged)).load_method(run["method"])
+        except ExecupyError as e:
+            assert "XnnpackBackend" in str(e), f"variant {variant}: {type(e).__name__}: {e}"
+            outcomes["rejected at load"] += 1
+            continue
+        try:
+            method.execute(inputs)
+            outcomes["ran"] += 1
+        except ExecupyError:
+            outcomes["failed at run"] += 1
+    # Most flips land in structure (offsets, ids, tags), so most variants must be rejected.
+    assert outcomes["rejected at load"] >= VARIANTS_PER_CASE // 4, outcomes
+
+
+def test_both_schema_identifiers_load_and_a_wrong_one_is_named():
+    data, start, program = _payload(CASES["xnnpack-linear"])
+    payload = bytearray(program.delegate_payload(program.plan("forward").delegates[0].processed))
+    context = BackendContext(program.named_data)
+    assert XnnpackBackend().init(bytes(payload), [], context).steps
+    payload[32 + 4:32 + 8] = b"XN00"  # the identifier of the runtime-side schema copy is accepted too
+    assert XnnpackBackend().init(bytes(payload), [], context).steps
+    payload[32 + 4:32 + 8] = b"XX99"
+    with pytest.raises(MalformedProgramError, match="XnnpackBackend.*identifier"):
+        XnnpackBackend().init(bytes(payload), [], context)

@@ -1,0 +1,92 @@
+"""ExecuTorch's XNNPACK-delegated LLM programs run on execupy's XnnpackBackend as on ExecuTorch's runtime.
+
+A tiny random Llama is exported by ExecuTorch 1.5.1's export_llm with the XNNPACK backend
+(fp32; 8da4w: int8 dynamic activations x 4-bit blockwise weights, group 32; and 8da4w with
+a 4-bit embedding table), cached per machine (tests/et_llm.py). One loaded program runs a
+prefill and three decode steps in both runtimes.
+
+Tolerances: fp32 logits within 1e-4 of the step's largest logit magnitude (the same fp32
+math summed in another order). Quantized: XNNPACK picks each token's int8 scale from the
+row's range and both runtimes round the same way, but a different float summation order
+can flip a rounding tie, so the check is the same argmax at every step and cosine
+similarity >= 0.999. And `execupy generate` on the 8da4w program (as a user runs it, in a
+subprocess) continues a prompt with the tokens ExecuTorch's runtime picks greedily.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from execupy.runtime import Program
+from tests.et_llm import EOS_ID, export_with_executorch, reference_greedy, tokenizer_size, write_tokenizer
+from tests.reference import run_reference_steps
+
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
+
+XNNPACK = ("backend.xnnpack.enabled=True", "backend.xnnpack.extended_ops=True")
+Q8DA4W = XNNPACK + ("quantization.qmode=8da4w", "quantization.group_size=32")
+PROGRAMS = {
+    "xnnpack-fp32": XNNPACK,
+    "xnnpack-8da4w-g32": Q8DA4W,
+    "xnnpack-8da4w-g32-embedding4": Q8DA4W + ("quantization.embedding_quantize='4,32'",),
+}
+VOCAB = 98
+RELATIVE_TOLERANCE = 1e-4
+MIN_COSINE = 0.999
+
+
+@pytest.fixture(scope="module", params=list(PROGRAMS))
+def name(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def program(name):
+    return export_with_executorch(PROGRAMS[name], vocab_size=VOCAB)
+
+
+def _steps() -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(11)
+    prompt = rng.integers(0, VOCAB, (1, 7))
+    return [[prompt, np.array([0])]] + [[rng.integers(0, VOCAB, (1, 1)), np.array([7 + k])] for k in range(3)]
+
+
+def test_the_program_is_delegated_to_xnnpack(program):
+    plan = Program.load(program).plan("forward")
+    assert [d.id for d in plan.delegates] and all(d.id == "XnnpackBackend" for d in plan.delegates)
+
+
+def test_logits_match_executorch_over_prefill_and_three_decode_steps(name, program):
+    steps = _steps()
+    method = Program.load(program).load_method("forward")
+    ours = [method.execute(inputs)[0] for inputs in steps]
+    theirs = [outputs[0] for outputs in run_reference_steps(program, steps, llama_ops=True)]
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == b.shape == (1, VOCAB), f"step {k}"
+        if name == "xnnpack-fp32":
+            np.testing.assert_allclose(a, b, rtol=0, atol=RELATIVE_TOLERANCE * np.abs(b).max(), err_msg=f"step {k}")
+        else:
+            assert a.argmax() == b.argmax(), f"step {k}: argmax {a.argmax()} != ExecuTorch's {b.argmax()}"
+            cosine = float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b)))
+            assert cosine >= MIN_COSINE, f"step {k}: cosine similarity {cosine:.6f}"
+
+
+def test_execupy_generate_on_an_8da4w_xnnpack_program_continues_as_executorch_does(tmp_path):
+    from tokenizers import Tokenizer
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json")
+    program = export_with_executorch(Q8DA4W, vocab_size=tokenizer_size(tokenizer))
+    prompt, new_tokens = "the quick brown fox jumps", 12
+    hf = Tokenizer.from_file(str(tokenizer))
+    expected = reference_greedy(program, hf.encode(prompt).ids, new_tokens)
+    proc = subprocess.run([sys.executable, "-m", "execupy", "generate", str(program), "--tokenizer", str(tokenizer),
+                           "--prompt", prompt, "--max-new-tokens", str(new_tokens), "--stats-json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert stats["generated_tokens"] == len(expected)
+    assert proc.stdout == hf.decode([t for t in expected if t != EOS_ID]) + "\n"

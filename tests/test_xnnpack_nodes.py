@@ -1,0 +1,199 @@
+"""Each XNNPACK node type and datatype ExecuTorch 1.5.1's partitioner emits runs in execupy as
+in ExecuTorch's runtime, beyond what the conformance corpus covers.
+
+Small modules are lowered by ExecuTorch's XnnpackPartitioner in the reference venv (a
+subprocess; fp32, fp16, static int8 and dynamic int8 quantized with its XNNPACKQuantizer,
+int8 x int4 with torchao) and run there once; the programs and outputs are cached in
+~/.cache/execupy-conformance. Each case names the node kinds and datatypes its XNNGraph
+must hold (read with execupy's payload reader), so the test proves what it covers.
+
+Tolerances: fp32 1e-5 relative to the output's scale (same math, other summation order);
+fp16 2e-3 (XNNPACK's f16 kernels round inside a product, we round once); static int8:
+one output quantization step (the int8 add/pool kernels use fixed point, we use float);
+dynamic int8: 1e-4 relative (same integer sums, fp32 scaling order).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from execupy.backends.xnnpack.schema import read_payload
+from execupy.runtime import Program
+
+from .reference import run_worker_once, worker_case_outputs
+
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
+
+# name: model (an nn.Module expression), inputs, quant ("", "fp16", "static", "dynamic", "dynamic4" (4-bit
+# channelwise weights), "int4:<group>"),
+# and the node kinds / datatypes the XNNGraph must contain.
+CASES = {
+    "conv_transpose": dict(model="nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)",
+                           inputs="(torch.randn(2, 4, 5, 6),)", nodes=["ConvTranspose2d"]),
+    "conv_transpose_groups": dict(model="nn.ConvTranspose2d(4, 6, (3, 2), stride=(2, 1), groups=2)",
+                                  inputs="(torch.randn(1, 4, 5, 6),)", nodes=["ConvTranspose2d"]),
+    "conv_asymmetric": dict(model="nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=(1, 0), dilation=(2, 1))",
+                            inputs="(torch.randn(2, 3, 9, 8),)", nodes=["Conv2d"]),
+    "avg_pool": dict(model="Fn(lambda x: F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False))",
+                     inputs="(torch.randn(2, 3, 9, 8),)", nodes=["AvgPooling2d"]),
+    "max_pool_padded": dict(model="Fn(lambda x: F.max_pool2d(x, 3, 2, padding=1))",
+                            inputs="(torch.randn(2, 3, 9, 8),)", nodes=["MaxPooling2d"]),
+    "resize_bilinear": dict(model="Fn(lambda x: F.interpolate(x, scale_factor=2, mode='bilinear'))",
+                            inputs="(torch.randn(1, 3, 4, 5),)", nodes=["StaticResizeBilinear2D"]),
+    "resize_bilinear_align": dict(
+        model="Fn(lambda x: F.interpolate(x, size=(7, 9), mode='bilinear', align_corners=True))",
+        inputs="(torch.randn(1, 3, 4, 5),)", nodes=["StaticResizeBilinear2D"]),
+    "prelu": dict(model="nn.Sequential(nn.Conv2d(3, 4, 1), nn.PReLU(4))", inputs="(torch.randn(1, 3, 4, 4),)",
+                  nodes=["PReLU"]),
+    "fused_hardtanh": dict(model="Fn(lambda x: F.hardtanh(x * 2, -0.3, 0.8))", inputs="(torch.randn(4, 8),)",
+                           nodes=["Multiply"]),  # the clamp is the Multiply's output_min/max
+    "cat3_cat4_cat5": dict(
+        model="Fn(lambda a, b, c, d, e: (torch.cat([a, b, c], 1) * 2, torch.cat([a, b, c, d], 0) + 1, "
+              "torch.cat([a, b, c, d, e], 1) - 1))",
+        inputs="tuple(torch.randn(2, 3) for _ in range(5))", nodes=["Concatenate3", "Concatenate4", "Concatenate5"]),
+    "sin_cos_neg_sqrt": dict(model="Fn(lambda x: torch.sin(x) * torch.cos(x) - torch.sqrt(x.abs() + 1) - x.neg())",
+                             inputs="(torch.randn(3, 5),)", nodes=["Sin", "Cos", "SquareRoot"]),
+    "sdpa": dict(model="Fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))",
+                 inputs="(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8), "
+                        "torch.randn(5, 7))", nodes=[]),
+    "fp16_conv_linear": dict(model="nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(64, 5))",
+                             inputs="(torch.randn(2, 3, 6, 6),)", quant="fp16", nodes=["Conv2d", "FullyConnected"],
+                             datatypes=["fp16"]),
+    "static_int8_pool": dict(
+        model="Fn2(nn.Conv2d(3, 4, 3, padding=1), lambda c, x: F.max_pool2d(c(x), 2).relu())",
+        inputs="(torch.randn(2, 3, 8, 8),)", quant="static", nodes=["Conv2d", "MaxPooling2d"],
+        datatypes=["qint8", "qcint8"]),
+    "static_int8_depthwise_hardtanh": dict(
+        model="nn.Sequential(nn.Conv2d(4, 8, 3, groups=4, padding=1), nn.Hardtanh(0, 6))",
+        inputs="(torch.randn(1, 4, 7, 7),)", quant="static", nodes=["DepthwiseConv2d"], datatypes=["qint8"]),
+    "dynamic_int8_linear": dict(model="nn.Sequential(nn.Linear(32, 24), nn.ReLU(), nn.Linear(24, 8))",
+                                inputs="(torch.randn(3, 5, 32),)", quant="dynamic", nodes=["FullyConnected"],
+                                datatypes=["qdint8", "qcint8"]),
+    "dynamic_int8_conv": dict(model="nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))",
+                              inputs="(torch.randn(2, 3, 6, 7),)", quant="dynamic", nodes=["Conv2d"],
+                              datatypes=["qdint8", "qcint8"]),
+    "dynamic_int8_int4_channelwise": dict(model="nn.Sequential(nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 10))",
+                                          inputs="(torch.randn(3, 64),)", quant="dynamic4", nodes=["FullyConnected"],
+                                          datatypes=["qdint8", "qcint4"]),
+    "int8_int4_per_channel": dict(model="nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 10))",
+                                  inputs="(torch.randn(4, 64),)", quant="int4:0", nodes=["FullyConnected"],
+                                  datatypes=["qdint8"]),
+    "int8_int4_group32": dict(model="nn.Sequential(nn.Linear(64, 24, bias=False))",
+                              inputs="(torch.randn(2, 3, 64),)", quant="int4:32", nodes=["FullyConnected"],
+                              datatypes=["qdint8", "qbint4"]),
+}
+
+_WORKER = r"""
+import json, sys, traceback
+from pathlib import Path
+import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+from executorch.exir import to_edge_transform_and_lower
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+class Fn2(nn.Module):
+    def __init__(self, layer, fn):
+        super().__init__()
+        self.layer, self.fn = layer, fn
+
+    def forward(self, x):
+        return self.fn(self.layer, x)
+
+
+def quantize(model, args, how):
+    if how == "fp16":
+        return model.half(), tuple(a.half() for a in args)
+    if how in ("static", "dynamic", "dynamic4"):
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer, get_symmetric_quantization_config)
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        bits4 = dict(weight_qmin=-8, weight_qmax=7) if how == "dynamic4" else {}
+        config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=how != "static", **bits4)
+        m = prepare_pt2e(torch.export.export(model, args).module(), XNNPACKQuantizer().set_global(config))
+        m(*args)
+        return convert_pt2e(m), args
+    if how.startswith("int4:"):
+        from torchao.quantization.granularity import PerAxis, PerGroup
+        from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, quantize_
+        group = int(how.split(":")[1])
+        granularity = PerGroup(group) if group else PerAxis(0)
+        quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=granularity))
+        return model, args
+    return model, args
+
+
+cases, folder = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+report = {}
+for name, case in cases.items():
+    try:
+        torch.manual_seed(0)
+        model, args = eval(case["model"]).eval(), eval(case["inputs"])
+        with torch.no_grad():
+            model, args = quantize(model, args, case.get("quant", ""))
+            program = to_edge_transform_and_lower(torch.export.export(model, args),
+                                                  partitioner=[XnnpackPartitioner()]).to_executorch()
+        (folder / f"{name}.pte").write_bytes(program.buffer)
+        outputs = _load_for_executorch(str(folder / f"{name}.pte")).forward(args)
+        np.savez(folder / f"{name}.npz", **{f"in{i}": a.numpy() for i, a in enumerate(args)},
+                 **{f"out{i}": o.numpy() for i, o in enumerate(outputs)})
+        report[name] = "ok"
+    except Exception as e:
+        report[name] = "".join(traceback.format_exception_only(e)).strip()[-800:]
+(folder / "report.json").write_text(json.dumps(report, indent=1))
+"""
+
+
+@pytest.fixture(scope="module")
+def programs() -> tuple[Path, dict]:
+    """Lower and run every case in the reference venv once; cached under a hash of the cases,
+    the worker and the venv."""
+    return run_worker_once(_WORKER, json.dumps(CASES, sort_keys=True), "xnnpack-nodes")
+
+
+def _graphs(pte: Path) -> list:
+    program = Program.load(str(pte))
+    return [read_payload(program.delegate_payload(d.processed))
+            for name in program.method_names for d in program.plan(name).delegates if d.id == "XnnpackBackend"]
+
+
+def _tolerance(case: dict, expected: np.ndarray, graphs: list) -> float:
+    scale = float(np.abs(expected).max()) or 1.0
+    quant = case.get("quant", "")
+    if quant == "fp16":
+        return 2e-3 * scale
+    if quant == "static":  # one step of the graph's output quantization
+        steps = [v.quant.scale[0] for g in graphs for v in g.values if v.datatype == "qint8"]
+        return 1.01 * max(steps)
+    return (1e-4 if quant else 1e-5) * scale
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_xnnpack_nodes_run_as_in_executorch(programs, name):
+    folder, report = programs
+    case = CASES[name]
+    assert report[name] == "ok", f"ExecuTorch could not lower or run the case: {report[name]}"
+    graphs = _graphs(folder / f"{name}.pte")
+    assert graphs, "nothing was delegated to XNNPACK"
+    kinds = {n.kind for g in graphs for n in g.nodes}
+    datatypes = {v.datatype for g in graphs for v in g.values}
+    assert set(case["nodes"]) <= kinds, f"the graph holds {sorted(kinds)}"
+    assert set(case.get("datatypes", [])) <= datatypes, f"the graph holds {sorted(datatypes)}"
+    _, expected, got = worker_case_outputs(folder, name)
+    assert len(got) == len(expected)
+    for ours, theirs in zip(got, expected):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        atol = _tolerance(case, theirs, graphs)
+        np.testing.assert_allclose(ours.astype(np.float64), theirs.astype(np.float64), rtol=0, atol=atol)
