@@ -11,8 +11,13 @@ places (torch rounds inside softmax-free matmul chains, our custom_sdpa stays in
 the cache read to its output), so the two differ by a few roundings of the activations, each
 up to eps/2 relative. Over 2 layers that is a few units of the dtype's resolution at the
 logits' scale: we allow ``TOL_ULPS * eps * max|logits|`` (measured on the tiny model: at most
-3.5 such units for fp16 and for bf16 over 16 decode steps; 8 allowed). The same bound defines a tie: when greedy decoding picks
-differently, eager's top two logits at that step must be closer than that.
+3.5 such units for fp16 and for bf16 over 16 decode steps; 8 allowed).
+
+Greedy tokens must equal eager's, or the first difference must be a tie: eager's top two
+logits at that step at most TIE_ULPS representable steps of the dtype apart at the top
+logit's magnitude, closer than the two runtimes' logits are known to agree. (SmolLM2 in bf16
+has one: " 2018-01-22" after "The capital of France is Paris. The answer is:", where the
+two candidates are adjacent bf16 values, 0.125 apart.)
 """
 from __future__ import annotations
 
@@ -35,12 +40,19 @@ from tests.llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, PROMPTS, _wri
 
 HALF = {"fp16": (torch.float16, np.dtype(np.float16)), "bf16": (torch.bfloat16, np.dtype(ml_dtypes.bfloat16))}
 TOL_ULPS = 8
+TIE_ULPS = 4
 NEW_TOKENS = 16
 
 
 def resolution(dtype: str, logits: np.ndarray) -> float:
     """How far apart two runtimes' logits in ``dtype`` may be: TOL_ULPS units at the logits' scale."""
     return TOL_ULPS * float(ml_dtypes.finfo(HALF[dtype][1]).eps) * float(np.abs(logits).max())
+
+
+def ulp(dtype: str, value: float) -> float:
+    """The gap between adjacent values of ``dtype`` at ``value``'s magnitude."""
+    eps = float(ml_dtypes.finfo(HALF[dtype][1]).eps)
+    return eps * 2.0 ** np.floor(np.log2(max(abs(value), float(ml_dtypes.finfo(HALF[dtype][1]).tiny))))
 
 
 def eager_model(folder_or_gguf, dtype: str, max_seq_len: int) -> Transformer:
@@ -73,13 +85,14 @@ def runtime_logits_along(pte: Path, prompt: list[int], tokens: list[int]) -> lis
 
 
 def assert_greedy_equal_or_tie(ours: list[int], theirs: list[int], eager_steps: list[np.ndarray], dtype: str) -> None:
-    """Equal tokens, or the first difference is a step where eager's top two logits tie."""
+    """Equal tokens, or the first difference is a step where eager's top two logits tie
+    (TIE_ULPS steps of the dtype apart at most)."""
     assert len(ours) == len(theirs)
     diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
     if diff is None:
         return
     top2 = np.sort(eager_steps[diff])[-2:]
-    gap, allowed = float(top2[1] - top2[0]), resolution(dtype, eager_steps[diff])
+    gap, allowed = float(top2[1] - top2[0]), TIE_ULPS * ulp(dtype, float(top2[1]))
     assert gap <= allowed, (f"{dtype}: tokens differ at step {diff} ({ours[diff]} vs eager {theirs[diff]}) and eager's "
                             f"top-2 logits are {gap:.4g} apart, more than the {allowed:.4g} a tie allows")
     print(f"\n{dtype}: first difference at step {diff}, a tie: top-2 logits {gap:.4g} apart (<= {allowed:.4g})",
