@@ -16,8 +16,8 @@ logits' scale: we allow ``TOL_ULPS * eps * max|logits|`` (measured on the tiny m
 Greedy tokens must equal eager's, or the first difference must be a tie: eager's top two
 logits at that step at most TIE_ULPS representable steps of the dtype apart at the top
 logit's magnitude, closer than the two runtimes' logits are known to agree. (SmolLM2 in bf16
-has one: " 2018-01-22" after "The capital of France is Paris. The answer is:", where the
-two candidates are adjacent bf16 values, 0.125 apart.)
+has one, 24 tokens after "The capital of France is", where eager's two best candidates are
+adjacent bf16 values, 0.125 apart.)
 """
 from __future__ import annotations
 
