@@ -141,6 +141,20 @@ def test_half_logits_and_greedy_tokens_match_eager_in_the_same_dtype(tiny, dtype
     assert_greedy_equal_or_tie(generated, eager_tokens, eager_steps, dtype)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_custom_sdpa_on_half_caches_computes_in_fp32_and_rounds_once(dtype):
+    from execupy.kernels.llm.kv_cache import custom_sdpa
+
+    rng = np.random.default_rng(0)
+    half = HALF[dtype][1]
+    q, k, v = (rng.standard_normal(shape).astype(half) for shape in ((1, 3, 4, 8), (1, 10, 2, 8), (1, 10, 2, 8)))
+    out = np.zeros(q.shape, half)
+    custom_sdpa(q, k, v, 5, None, 0.0, True, None, out)  # 3 queries at positions 5..7
+    wide = np.zeros(q.shape, np.float32)
+    custom_sdpa(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), 5, None, 0.0, True, None, wide)
+    assert out.dtype == half and np.array_equal(out, wide.astype(half))
+
+
 def test_set_dtype_casts_the_model_before_export_only(tiny):
     folder, _ = tiny
     manager = LLMExportManager.from_checkpoint(folder, max_seq_len=16, max_prefill_len=4).set_dtype("bf16")
