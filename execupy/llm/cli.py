@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 
+from execupy.llm.config import EXPORT_DTYPES
+
 
 def register(subparsers) -> None:
     """Add the LLM subcommands to the CLI's argparse subparsers."""
@@ -37,7 +39,9 @@ def _add_export(sub) -> None:
                    help="context length of the KV cache (default: the model's, capped at 2048)")
     p.add_argument("--max-prefill-len", type=int, default=None,
                    help="most prompt tokens per forward call (default 128; longer prompts are chunked)")
-    p.add_argument("--dtype", choices=["fp32"], default="fp32", help="weight and activation dtype (default fp32)")
+    p.add_argument("--dtype", choices=EXPORT_DTYPES, default="fp32",
+                   help="dtype of the weights, activations, KV cache and logits (default fp32); fp16 and bf16 "
+                        "halve the file and the memory")
     p.add_argument("--no-custom-ops", action="store_true",
                    help="core ATen ops only (the KV cache is updated by index_put and attended in full), "
                         "for runtimes without the llama:: ops such as ExecuTorch's stock one; slower")

@@ -43,6 +43,9 @@ import numpy as np
 from execupy.errors import CheckpointError, TokenizerError
 
 ARCHS = ("llama", "gpt2")
+# The dtypes an LLM can be exported in (weights, activations and KV cache): named here,
+# torch-free, so that the CLI lists them without importing the exporter.
+EXPORT_DTYPES = ("fp32", "fp16", "bf16")
 _REQUIRED = object()
 # Kinds of config value ``config_value`` checks: a predicate and how to say what was expected.
 _KINDS = {

@@ -34,18 +34,21 @@ def _sources_hash() -> str:
 MAX_SEQ_LEN, MAX_PREFILL_LEN = 128, 32
 
 
-def smollm2_program(max_seq_len: int = MAX_SEQ_LEN, max_prefill_len: int = MAX_PREFILL_LEN) -> Optional[Path]:
-    """The cached .pte (its tokenizer beside it), exported now if absent; None without the GGUF."""
+def smollm2_program(max_seq_len: int = MAX_SEQ_LEN, max_prefill_len: int = MAX_PREFILL_LEN,
+                    dtype: str = "fp32") -> Optional[Path]:
+    """The cached .pte (its tokenizer beside it), exported now if absent; None without the GGUF.
+    ``dtype`` is export_llm's ("fp32", "fp16", "bf16"); each dtype is its own cached file."""
     gguf = smollm2_gguf_path()
     if gguf is None:
         return None
-    pte = CACHE / f"smollm2-ctx{max_seq_len}-prefill{max_prefill_len}-{_sources_hash()}.pte"
+    suffix = "" if dtype == "fp32" else f"-{dtype}"  # the fp32 name is unchanged: existing caches stay valid
+    pte = CACHE / f"smollm2-ctx{max_seq_len}-prefill{max_prefill_len}{suffix}-{_sources_hash()}.pte"
     if not pte.is_file():
         from execupy.llm.export import export_llm
 
         CACHE.mkdir(parents=True, exist_ok=True)
         tmp = pte.with_name(f"tmp{os.getpid()}-{pte.name}")  # renamed when whole: no half-written cache
-        result = export_llm(gguf, tmp, max_seq_len=max_seq_len, max_prefill_len=max_prefill_len)
+        result = export_llm(gguf, tmp, max_seq_len=max_seq_len, max_prefill_len=max_prefill_len, dtype=dtype)
         result.tokenizer_path.rename(pte.with_name(pte.stem + result.tokenizer_path.name[len(tmp.stem):]))
         tmp.rename(pte)
     return pte

@@ -17,6 +17,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..portable._util import as_compute, compute_dtype
 from ..registry import register_kernel
 
 
@@ -50,11 +51,15 @@ def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos
     kv_len, rep = start_pos + seqlen, n_heads // n_kv
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     result = out if out.shape == query.shape else np.empty(query.shape, out.dtype)
+    # fp16/bf16 caches: numpy has no fast half matmul, so the filled window is read in float32
+    # (a copy of start_pos + T slots, not of the cache) and the result rounded back on writing.
+    dtype = compute_dtype(query.dtype)
     for b in range(bsz):
         # Rows of one KV head's group: [Hkv, rep * T, D] (query head h = kv * rep + r).
         q = query[b].reshape(seqlen, n_kv, rep, head_dim).transpose(1, 2, 0, 3).reshape(n_kv, rep * seqlen, head_dim)
-        k = key[b, :kv_len].transpose(1, 0, 2)  # [Hkv, L, D], a strided view
-        v = value[b, :kv_len].transpose(1, 0, 2)
+        q = as_compute(q, dtype)
+        k = as_compute(key[b, :kv_len], dtype).transpose(1, 0, 2)  # [Hkv, L, D], a strided view (fp32: a view)
+        v = as_compute(value[b, :kv_len], dtype).transpose(1, 0, 2)
         scores = np.matmul(q, k.transpose(0, 2, 1))  # [Hkv, rep * T, L]
         scores *= scale
         if is_causal and seqlen > 1:

@@ -31,6 +31,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from execupy.errors import ExecupyError, ExportError
+from execupy.llm.config import EXPORT_DTYPES
 from execupy.llm.loaders import load_checkpoint
 from execupy.llm.export.models import Transformer
 
@@ -39,7 +40,12 @@ Progress = Callable[[str], None]
 # Prefill runs T tokens at once; the bound sets the size of the planned activation
 # memory (activations scale with T), so it stays modest and longer prompts are chunked.
 DEFAULT_MAX_PREFILL = 128
-SUPPORTED_DTYPES = ("fp32",)
+SUPPORTED_DTYPES = EXPORT_DTYPES
+# fp16 / bf16 store every weight, activation and the KV cache in that dtype (ExecuTorch's
+# dtype_override): half the file and the memory. RMSNorm and softmax still compute in fp32
+# inside the model, and our numpy kernels compute in fp32 for half inputs and round the result.
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+assert tuple(TORCH_DTYPES) == SUPPORTED_DTYPES
 
 
 @dataclass
@@ -144,7 +150,11 @@ class LLMExportManager:
         return self
 
     def set_dtype(self, dtype: str) -> "LLMExportManager":
+        """Cast the model (weights, buffers, KV cache) to ``dtype`` ("fp32", "fp16" or "bf16").
+        The program's logits come out in that dtype too."""
         _check_dtype(dtype)
+        self._require(self.exported is None, "set_dtype", "before export()")
+        self.model = self.model.to(TORCH_DTYPES[dtype])
         self.dtype = dtype
         return self
 
