@@ -24,6 +24,7 @@ from typing import Any, Optional, Union
 
 import torch
 import torch.fx
+from torch._export.serde.schema import SCHEMA_VERSION
 from torch._export.serde.serialize import SerializedArtifact, deserialize, serialize
 from torch.export import ExportedProgram
 
@@ -81,6 +82,56 @@ def _add_handles(graph: dict[str, Any], handles: dict[str, int]) -> None:
                 _add_handles(sub["graph"], handles)
 
 
+# ExecuTorch 1.5.1 reads ETRecord programs with its own copy of torch.export's serializer, at
+# schema 5.4 (torch 2.13 writes 8.20): its deserializer refuses another major version and any
+# field its dataclasses lack. So the JSON is written at 5.4, without the fields added since
+# (found by comparing the two schemas' dataclasses), per level of the tree:
+ET_SCHEMA_VERSION = {"major": 5, "minor": 4}
+NEWER_FIELDS = {
+    "program": ("guards_code", "torch_version"),
+    "graph_module": ("metadata", "treespec_namedtuple_fields"),
+    "signature": ("forward_arg_names",),
+    "graph": ("sym_float_values",),
+    "node": ("is_hop_single_tensor_return",),
+    "named_argument": ("kind",),
+}
+# Argument kinds schema 5.4 does not have: a program using one cannot be written for ExecuTorch.
+NEWER_ARGUMENTS = {"as_nested_tensors", "as_optional_tensor", "as_int_lists", "as_complex", "as_sym_float",
+                   "as_float_lists", "as_string_to_argument", "as_sym_floats"}
+
+
+def _drop(d: dict[str, Any], level: str) -> None:
+    for key in NEWER_FIELDS[level]:
+        d.pop(key, None)
+
+
+def _downgrade_graph(graph: dict[str, Any], what: str) -> None:
+    _drop(graph, "graph")
+    for node in graph.get("nodes", []):
+        _drop(node, "node")
+        for arg in node.get("inputs", []):
+            _drop(arg, "named_argument")
+            newer = NEWER_ARGUMENTS.intersection(arg.get("arg") or {})
+            if newer:
+                raise ExportError(f"{what}: node {node.get('target')} has a {sorted(newer)[0]} argument, "
+                                  "which ExecuTorch's ETRecord reader (schema 5.4) cannot read")
+            sub = (arg.get("arg") or {}).get("as_graph")
+            if sub and sub.get("graph"):
+                _downgrade_graph(sub["graph"], what)
+
+
+def _as_executorch_schema(program: dict[str, Any], what: str) -> None:
+    """Rewrite torch.export's JSON (in place) as ExecuTorch's serializer schema 5.4 has it."""
+    _drop(program, "program")
+    program["schema_version"] = dict(ET_SCHEMA_VERSION)
+    gm = program["graph_module"]
+    _drop(gm, "graph_module")
+    for entry in gm.get("module_call_graph", []):
+        if entry.get("signature"):
+            _drop(entry["signature"], "signature")
+    _downgrade_graph(gm["graph"], what)
+
+
 def _serialize(ep: ExportedProgram, what: str) -> SerializedArtifact:
     if any(n.target is executorch_call_delegate for n in ep.graph_module.graph.nodes):
         raise ExportError(f"{what} holds delegated subgraphs, which torch.export cannot serialize; "
@@ -89,6 +140,7 @@ def _serialize(ep: ExportedProgram, what: str) -> SerializedArtifact:
     artifact = serialize(ep)
     program = json.loads(artifact.exported_program)
     _add_handles(program["graph_module"]["graph"], _handles_by_name(ep.graph_module))
+    _as_executorch_schema(program, what)
     return SerializedArtifact(json.dumps(program).encode("utf-8"), artifact.state_dict, artifact.constants,
                               artifact.example_inputs)
 
@@ -147,8 +199,12 @@ def load_edge_programs(et_record: Union[str, os.PathLike]) -> dict[str, Exported
 
 
 def _deserialize(artifact: SerializedArtifact) -> ExportedProgram:
-    ep = deserialize(artifact)
+    """Read a program written at ExecuTorch's schema with torch's reader (the fields torch added
+    since have defaults)."""
     program = json.loads(artifact.exported_program)
+    program["schema_version"] = {"major": SCHEMA_VERSION[0], "minor": SCHEMA_VERSION[1]}
+    ep = deserialize(SerializedArtifact(json.dumps(program).encode("utf-8"), artifact.state_dict,
+                                        artifact.constants, artifact.example_inputs))
     handles = {}
     for node in program["graph_module"]["graph"].get("nodes", []):
         handle = (node.get("metadata") or {}).get(HANDLE)
