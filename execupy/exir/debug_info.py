@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from ..devtools.etrecord import NodeInfo, innermost_module, source_of
+from .backend import executorch_call_delegate
 
 HANDLE = "debug_handle"
 
@@ -24,9 +25,11 @@ def _all_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 
 def assign_debug_handles(gm: torch.fx.GraphModule) -> None:
-    """Give every call node that has no handle yet the next free one (not getitems: they only
-    pick an output of the op before them, and torch.export's serializer folds them into it)."""
-    nodes = [n for n in _all_nodes(gm) if n.op == "call_function" and n.target is not operator.getitem]
+    """Give every call node that has no handle yet the next free one. Not getitems: they only
+    pick an output of the op before them (torch.export's serializer folds them into it); not
+    delegate calls: the handles of the ops they took over stand for them."""
+    nodes = [n for n in _all_nodes(gm) if n.op == "call_function"
+             and n.target is not operator.getitem and n.target is not executorch_call_delegate]
     next_handle = max((n.meta.get(HANDLE) or 0 for n in nodes), default=0) + 1
     for n in nodes:
         if n.meta.get(HANDLE) is None:

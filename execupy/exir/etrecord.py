@@ -211,7 +211,9 @@ def _deserialize(artifact: SerializedArtifact) -> ExportedProgram:
         for name in _output_names(node.get("outputs"))[:1]:
             if handle:
                 handles[name] = int(handle)
-    for n in ep.graph_module.graph.nodes:
-        if n.name in handles:
-            n.meta[HANDLE] = handles[n.name]
+    for n in ep.graph_module.graph.nodes:  # a multi-output op is named by its getitems there
+        names = [n.name] + [u.name for u in n.users if u.target is operator.getitem]
+        handle = next((handles[name] for name in names if name in handles), None)
+        if handle is not None and n.target is not operator.getitem:
+            n.meta[HANDLE] = handle
     return ep
