@@ -254,3 +254,53 @@ def test_executorch_parses_our_etrecord_and_loads_its_programs(tmp_path):
     eager = model(x)
     torch.testing.assert_close(torch.tensor(report["edge_output"]), eager)
     torch.testing.assert_close(torch.tensor(report["original_output"]), eager)
+
+
+# Runs in the reference venv: ExecuTorch's runtime traces our .pte (ETDump), and its Inspector
+# joins that trace with our ETRecord; prints, per traced operator call, what the join found.
+_ET_INSPECT = r'''
+import json, sys, torch
+from executorch.extension.pybindings.portable_lib import _load_for_executorch
+from executorch.devtools import Inspector
+pte, record, x = sys.argv[1], sys.argv[2], torch.tensor(json.loads(sys.argv[3]))
+m = _load_for_executorch(pte, enable_etdump=True, debug_buffer_size=1 << 20)
+m.forward((x,))
+m.write_etdump_result_to_file("trace.etdp", "trace.bin")
+inspector = Inspector(etdump_path="trace.etdp", etrecord=record, debug_buffer_path="trace.bin")
+calls = [{"instruction": ev._instruction_id, "handles": ev.debug_handles, "ops": ev.op_types,
+          "modules": [list(stack.values())[-1][0] for stack in ev.module_hierarchy.values()]}
+         for block in inspector.event_blocks if block.name == "Execute"
+         for ev in block.events if ev.name == "OPERATOR_CALL"]
+print("REPORT " + json.dumps(calls))
+'''
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return torch.sigmoid(torch.relu(self.fc(x))) - x.sum()
+
+
+@pytest.mark.reference
+@pytest.mark.slow
+def test_executorch_inspector_joins_its_trace_of_our_pte_with_our_etrecord(tmp_path):
+    x = torch.randn(3, 4)
+    ep = export(Small().eval(), (x,))
+    edge = to_edge(ep)
+    prog = edge.to_executorch()
+    prog.save(tmp_path / "small.pte")
+    generate_etrecord(tmp_path / "small.etrecord", edge, prog, exported_program=ep)
+    proc = subprocess.run([str(reference_python()), "-c", _ET_INSPECT, "small.pte", "small.etrecord",
+                           json.dumps(x.tolist())], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT "))[len("REPORT "):])
+    handles = prog.debug_handle_map["forward"]
+    assert [c["instruction"] for c in calls] == sorted(handles)  # every instruction was traced
+    for call in calls:
+        info = prog.node_info["forward"][handles[call["instruction"]][0]]
+        assert call["handles"] == handles[call["instruction"]]
+        assert call["ops"] == [info.op.removeprefix("aten.")]  # ExecuTorch names ops without namespace
+        assert call["modules"] == [info.module_path]
