@@ -37,10 +37,20 @@ def assign_debug_handles(gm: torch.fx.GraphModule) -> None:
             next_handle += 1
 
 
+def op_name(target) -> str:
+    """The target as torch.export's serializer names it, less "torch.ops." ("aten.add.Tensor",
+    "higher_order.cond", "_operator.add"), so both readers of an ETRecord agree."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.__name__}"
+    return f"{target.__module__}.{target.__name__}"
+
+
 def node_info(node: torch.fx.Node) -> NodeInfo:
     file, line = source_of(node.meta.get("stack_trace"))
     module_path, module_type = innermost_module(node.meta.get("nn_module_stack"))
-    return NodeInfo(op=str(node.target), file=file, line=line,
+    return NodeInfo(op=op_name(node.target), file=file, line=line,
                     module_path=module_path, module_type=module_type)
 
 

@@ -38,8 +38,9 @@ def op_overload(name: str):
 
 
 def zoo_program(name: str):
-    model, args = next(c for c in CASES if c.name == name).build()
-    edge = to_edge(export(model.eval(), args))
+    case = next(c for c in CASES if c.name == name)
+    model, args = case.build()
+    edge = to_edge(export(model.eval(), args, dynamic_shapes=case.dynamic_shapes))
     return model, edge, edge.to_executorch()
 
 
@@ -74,6 +75,23 @@ def test_every_instruction_leads_to_its_aten_op_source_line_and_module(name):
         # The module path names the submodule the op ran in, with its class.
         module = modules[info.module_path]
         assert info.module_type == f"{type(module).__module__}.{type(module).__qualname__}", (pc, info)
+
+
+@pytest.mark.parametrize("name", ["cond_branches", "mutable_counter"])
+def test_jumps_moves_and_state_writebacks_have_handles_too(name):
+    _, _, prog = zoo_program(name)
+    plan = prog.program.execution_plan[0]
+    info, handles = prog.node_info["forward"], prog.debug_handle_map["forward"]
+    instructions = plan.chains[0].instructions
+    assert sorted(handles) == list(range(len(instructions)))
+    for pc, ins in enumerate(instructions):
+        [op] = [info[h].op for h in handles[pc]]
+        if isinstance(ins, (P.JumpFalseCall, P.MoveCall)):
+            assert op == "higher_order.cond"  # control flow belongs to the cond node
+        elif plan.operators[ins.op_index].name == "aten::copy_":
+            assert op == "aten.add.Tensor"  # the state write-back belongs to the op computing the new state
+        else:  # ops inside the branches lead to their own nodes
+            assert plan.operators[ins.op_index].name == resolve_out_variant(op_overload(op)).name
 
 
 class Mixed(nn.Module):
@@ -155,6 +173,13 @@ def test_etrecord_round_trips_through_our_readers(tmp_path):
     handles = {n.meta.get("debug_handle") for n in back.graph_module.graph.nodes if n.op == "call_function"}
     assert set(prog.node_info["forward"]) <= handles
     torch.testing.assert_close(back.module()(x), edge.exported_program().module()(x))
+
+
+@pytest.mark.parametrize("name", ["cond_branches", "dynamic_sequence"])
+def test_node_info_of_branches_and_symbolic_ops_survives_the_etrecord(name, tmp_path):
+    _, edge, prog = zoo_program(name)
+    generate_etrecord(tmp_path / "r.etrecord", edge, prog)
+    assert read_etrecord_maps(tmp_path / "r.etrecord").node_info == prog.node_info
 
 
 def test_an_edge_manager_after_to_backend_is_refused_with_a_reason(tmp_path):
