@@ -16,12 +16,12 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from ..devtools.etrecord import NodeInfo
 from ..errors import ExportError
 from ..fileio import atomic_write
 from ..schema import program as P
-from .edge import EdgeCompileConfig, as_method_dict, check_kernels, check_supported_nodes, to_edge_program
-from ..devtools.etrecord import NodeInfo
 from .debug_info import assign_debug_handles, node_info_table
+from .edge import EdgeCompileConfig, as_method_dict, check_kernels, check_supported_nodes, to_edge_program
 from .emit import DataList, MethodEmitter, emit_constant_method
 from .passes import remove_noops
 
