@@ -45,15 +45,13 @@ from .program import EdgeProgramManager, ExecutorchProgramManager
 
 
 def _handles_by_name(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """fx node name -> debug handle; a getitem's name leads to the handle of the op it reads."""
+    """fx node name -> debug handle in gm's own graph; a getitem's name leads to the handle of
+    the op it reads (the serializer names a multi-output op by its getitems)."""
     names = {}
-    for m in gm.modules():
-        if not isinstance(m, torch.fx.GraphModule):
-            continue
-        for n in m.graph.nodes:
-            source = n.args[0] if n.target is operator.getitem else n
-            if isinstance(source, torch.fx.Node) and source.meta.get(HANDLE) is not None:
-                names[n.name] = source.meta[HANDLE]
+    for n in gm.graph.nodes:
+        source = n.args[0] if n.target is operator.getitem else n
+        if isinstance(source, torch.fx.Node) and source.meta.get(HANDLE) is not None:
+            names[n.name] = source.meta[HANDLE]
     return names
 
 
@@ -70,16 +68,18 @@ def _output_names(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-def _add_handles(graph: dict[str, Any], handles: dict[str, int]) -> None:
-    """Write `debug_handle` into the metadata of each serialized node (and of nested graphs)."""
+def _add_handles(graph: dict[str, Any], gm: torch.fx.GraphModule) -> None:
+    """Write `debug_handle` into the metadata of each serialized node of gm's graph, and of the
+    graphs nested in it (cond branches, serialized with the name of their submodule)."""
+    handles = _handles_by_name(gm)
     for node in graph.get("nodes", []):
         handle = next((handles[n] for n in _output_names(node.get("outputs")) if n in handles), None)
         if handle is not None:
             node.setdefault("metadata", {})[HANDLE] = str(handle)
         for arg in node.get("inputs", []):
             sub = (arg.get("arg") or {}).get("as_graph")
-            if sub and sub.get("graph"):
-                _add_handles(sub["graph"], handles)
+            if sub and sub.get("graph") and isinstance(getattr(gm, sub.get("name", ""), None), torch.fx.GraphModule):
+                _add_handles(sub["graph"], getattr(gm, sub["name"]))
 
 
 # ExecuTorch 1.5.1 reads ETRecord programs with its own copy of torch.export's serializer, at
@@ -139,7 +139,7 @@ def _serialize(ep: ExportedProgram, what: str) -> SerializedArtifact:
                           "handles are the ones the delegates kept)")
     artifact = serialize(ep)
     program = json.loads(artifact.exported_program)
-    _add_handles(program["graph_module"]["graph"], _handles_by_name(ep.graph_module))
+    _add_handles(program["graph_module"]["graph"], ep.graph_module)
     _as_executorch_schema(program, what)
     return SerializedArtifact(json.dumps(program).encode("utf-8"), artifact.state_dict, artifact.constants,
                               artifact.example_inputs)
