@@ -19,7 +19,8 @@ Steps:
    instruction (slope of a line fit over the sizes, which removes the fixed per-call
    cost such as input copies and the pybind conversion). The last column reruns our
    plan with every kernel replaced by one that returns `out` untouched: the runtime's
-   own dispatch cost, without numpy.
+   own dispatch cost, without numpy. The column after it runs the real plan with an
+   EventTracer attached (profile events only): the cost of tracing when it is on.
 """
 from __future__ import annotations
 
@@ -114,9 +115,10 @@ def run_reference(sizes: list[int], directory: Path, repeat: int) -> dict:
 # ---------------------------------------------------------------------------- our side
 
 
-def run_ours(path: str, repeat: int) -> tuple[int, float, float, np.ndarray]:
-    """(instructions, seconds per call, seconds per call with no-op kernels, output)."""
+def run_ours(path: str, repeat: int) -> tuple[int, float, float, float, np.ndarray]:
+    """(instructions, seconds per call, with no-op kernels, with an EventTracer attached, output)."""
     sys.path.insert(0, str(REPO))
+    from execupy.devtools.tracer import EventTracer
     from execupy.runtime import Program, get_kernel, register_kernel
 
     program = Program.load(path)
@@ -135,7 +137,10 @@ def run_ours(path: str, repeat: int) -> tuple[int, float, float, np.ndarray]:
     finally:
         for key, fn in real.items():
             register_kernel(key, override=True)(fn)
-    return program.method_meta("forward").num_instructions, seconds, dispatch, result
+    tracer = EventTracer()  # profiling only, as `execupy run --etdump` without --debug-buffer
+    traced = program.load_method("forward", event_tracer=tracer)
+    tracing = time_calls(lambda: (tracer.blocks.clear(), traced.execute(inputs)), repeat)
+    return program.method_meta("forward").num_instructions, seconds, dispatch, tracing, result
 
 
 def slope(xs: list[int], ys: list[float]) -> float:
@@ -161,22 +166,22 @@ def main() -> None:
         reference = run_reference(sizes, directory, args.repeat)
         rows = []
         for n in sizes:
-            instructions, ours, dispatch, result = run_ours(reference[n]["path"], args.repeat)
+            instructions, ours, dispatch, tracing, result = run_ours(reference[n]["path"], args.repeat)
             expected = np.asarray(reference[n]["output"], np.float32)
             if not np.allclose(result, expected, rtol=1e-5, atol=1e-6):
                 sys.exit(f"chain {n}: outputs differ between runtimes: {result} vs {expected}")
-            rows.append((instructions, ours, reference[n]["seconds_per_call"], dispatch))
+            rows.append((instructions, ours, reference[n]["seconds_per_call"], dispatch, tracing))
 
     print(f"runtime overhead: chains of tiny ops on {ELEMENTS}-element float32 tensors, "
           f"median of {args.repeat} calls each")
     print(f"{'instructions':>12}  {'us/instr ours':>14}  {'us/instr ExecuTorch':>19}  {'ratio':>7}"
-          f"  {'us/instr ours, no-op kernels':>28}")
-    for instructions, ours, ref, dispatch in rows:
-        o, r, d = (1e6 * t / instructions for t in (ours, ref, dispatch))
-        print(f"{instructions:>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x  {d:>28.3f}")
+          f"  {'us/instr ours, no-op kernels':>28}  {'us/instr ours, traced':>21}")
+    for instructions, ours, ref, dispatch, tracing in rows:
+        o, r, d, t = (1e6 * x / instructions for x in (ours, ref, dispatch, tracing))
+        print(f"{instructions:>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x  {d:>28.3f}  {t:>21.3f}")
     counts = [r[0] for r in rows]
-    o, r, d = (1e6 * slope(counts, [row[k] for row in rows]) for k in (1, 2, 3))
-    print(f"{'marginal':>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x  {d:>28.3f}")
+    o, r, d, t = (1e6 * slope(counts, [row[k] for row in rows]) for k in (1, 2, 3, 4))
+    print(f"{'marginal':>12}  {o:>14.3f}  {r:>19.3f}  {o / r:>7.1f}x  {d:>28.3f}  {t:>21.3f}")
 
 
 if __name__ == "__main__":

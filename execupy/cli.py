@@ -2,6 +2,7 @@
 
     execupy inspect model.pte [--json] [--load]
     execupy run model.pte [--method NAME] [--inputs in.npz | --random-inputs] [--repeat N] [--save out.npz]
+                          [--etdump trace.etdp [--debug-buffer trace.bin]]
     execupy verify model.bpte [--rtol R] [--atol A]
 
 LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`, `kernels`
@@ -114,6 +115,10 @@ def _add_run(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of --random-inputs (default 0)")
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="execute N times and report timing (default 1)")
     p.add_argument("--save", metavar="OUT.npz", help="write the outputs as out0, out1, ... to an .npz file")
+    p.add_argument("--etdump", metavar="OUT.etdp",
+                   help="trace the run and write it as an ETDump (ExecuTorch's Inspector reads it)")
+    p.add_argument("--debug-buffer", metavar="OUT.bin",
+                   help="with --etdump: also log every intermediate output, their tensors into this file")
     p.set_defaults(func=cmd_run)
 
 
@@ -127,7 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = _pick_method(program.method_names, args.method)
     meta = program.method_meta(name)
     t1 = time.perf_counter()
-    method = program.load_method(name)
+    tracer = _event_tracer(args)
+    method = program.load_method(name, event_tracer=tracer)
     t2 = time.perf_counter()
     inputs = _inputs(meta, args)
     times = []
@@ -145,7 +151,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         path = args.save if args.save.endswith(".npz") else args.save + ".npz"  # as np.savez names it
         atomic_write(path, lambda f: np.savez(f, **arrays))
         print(f"outputs written to {path}")
+    if tracer is not None:
+        tracer.save(args.etdump, args.debug_buffer)
+        print(f"trace written to {args.etdump}" + (f", debug buffer to {args.debug_buffer}" if args.debug_buffer else ""))
     return 0
+
+
+def _event_tracer(args: argparse.Namespace):
+    """An EventTracer when --etdump asks for a trace, else None (the untraced runtime)."""
+    if args.debug_buffer and not args.etdump:
+        raise InvalidInputError("--debug-buffer needs --etdump: the buffer only holds what the trace refers to")
+    if not args.etdump:
+        return None
+    from .devtools.tracer import EventTracer
+
+    return EventTracer(log_intermediate_outputs=bool(args.debug_buffer))
 
 
 # ---------------------------------------------------------------------------- verify

@@ -46,3 +46,7 @@ class CheckpointError(ExecupyError, ValueError):
 
 class TokenizerError(ExecupyError, ValueError):
     """A tokenizer file cannot be read or does not fit the model."""
+
+
+class MalformedETDumpError(ExecupyError):
+    """An ETDump trace (.etdp) or its debug buffer is truncated, corrupted or inconsistent."""

@@ -180,6 +180,7 @@ def _method(program, plan: P.ExecutionPlan, info: dict, load: bool) -> dict[str,
     m["instruction_kinds"] = dict(Counter(type(ins).__name__ for ins in instructions))
     m["operators"] = _operator_counts(plan, instructions)
     m["delegates"] = [_delegate(program, k, d) for k, d in enumerate(plan.delegates)]
+    m["delegation"] = _delegation(m)
     m["planned_memory"] = [{"arena": k, "bytes": int(size)} for k, size in
                            enumerate(plan.non_const_buffer_sizes) if k > 0]
     m["constant_tensors"], m["constant_tensor_bytes"] = _constant_tensors(plan)
@@ -235,7 +236,34 @@ def _delegate(program, k: int, d: P.BackendDelegate) -> dict[str, Any]:
         item["problem"] = str(e)
     backend = get_backend(d.id)
     item["available"] = bool(backend is not None and backend.is_available())
+    if "problem" not in item:
+        item.update(_delegate_contents(program, d))
     return item
+
+
+def _delegate_contents(program, d: P.BackendDelegate) -> dict[str, Any]:
+    """Node types, datatypes and weights inside the payload, for backends whose payload we read."""
+    from .delegation import delegate_contents
+
+    try:
+        c = delegate_contents(program, d)
+    except ExecupyError as e:
+        return {"contents_problem": str(e)}
+    if c is None:
+        return {}
+    return {"num_nodes": c.num_nodes, "node_types": c.node_types, "datatypes": c.datatypes,
+            "weight_bytes": c.weight_bytes,
+            "weights": {"named_data": {"entries": c.named_weight_entries, "bytes": c.named_weight_bytes},
+                        "payload": {"entries": c.payload_weight_entries, "bytes": c.payload_weight_bytes}}}
+
+
+def _delegation(m: dict) -> dict[str, Any]:
+    """get_delegation_info's counts (devtools/delegation.py), from what the summary already read."""
+    readable = [d for d in m["delegates"] if "num_nodes" in d]
+    return {"num_delegated_subgraphs": len(m["delegates"]),
+            "num_delegated_nodes": sum(d["num_nodes"] for d in readable),
+            "num_non_delegated_nodes": sum(m["operators"].values()),
+            "opaque_subgraphs": len(m["delegates"]) - len(readable)}
 
 
 def _constant_tensors(plan: P.ExecutionPlan) -> tuple[int, int]:
@@ -261,6 +289,7 @@ def _bad_references(m: dict) -> list[str]:
                 for v in m[kind] if v["kind"] == "invalid"]
     out += [f"{n} instruction(s) use {key}" for key, n in m["operators"].items() if key.startswith("<invalid")]
     out += [f"delegate {d['index']} ({d['id']}): {d['problem']}" for d in m["delegates"] if "problem" in d]
+    out += [d["contents_problem"] for d in m["delegates"] if "contents_problem" in d]
     return out
 
 
@@ -327,14 +356,33 @@ def _format_method(m: dict) -> list[str]:
     if m["operators"]:
         lines.append("  operators:")
         lines += [f"    {n:5d}  {key}" for key, n in sorted(m["operators"].items(), key=lambda kv: (-kv[1], kv[0]))]
+    if m["delegates"]:
+        dg = m["delegation"]
+        lines.append(f"  delegation: {dg['num_delegated_subgraphs']} delegated subgraph(s) holding "
+                     f"{dg['num_delegated_nodes']} node(s); {dg['num_non_delegated_nodes']} kernel call(s) outside"
+                     + (f"; {dg['opaque_subgraphs']} subgraph(s) not readable here" if dg["opaque_subgraphs"] else ""))
     for d in m["delegates"]:
         size = _bytes(d["payload_bytes"]) if "payload_bytes" in d else d.get("problem")
         lines.append(f"  delegate {d['index']}: {d['id']} ({d['location']} {d['data_index']}, {size})"
                      + ("" if d["available"] else "  [backend not available]"))
+        lines += _format_delegate_contents(d)
     planned = ", ".join(f"arena {a['arena']}: {_bytes(a['bytes'])}" for a in m["planned_memory"]) or "none"
     lines.append(f"  planned memory: {planned}")
     lines.append(f"  constant tensors: {m['constant_tensors']} ({_bytes(m['constant_tensor_bytes'])})")
     return lines
+
+
+def _format_delegate_contents(d: dict) -> list[str]:
+    if "node_types" not in d:
+        return []
+    nodes = ", ".join(f"{k} {n}" for k, n in sorted(d["node_types"].items(), key=lambda kv: (-kv[1], kv[0])))
+    types = ", ".join(f"{k} {n}" for k, n in sorted(d["datatypes"].items()))
+    w = d["weights"]
+    where = [f"{label}: {w[k]['entries']} constants, {_bytes(w[k]['bytes'])}"
+             for k, label in (("named_data", "named data"), ("payload", "in the payload")) if w[k]["entries"]]
+    return [f"    nodes ({d['num_nodes']}): {nodes or 'none'}",
+            f"    value datatypes: {types or 'none'}",
+            f"    weights: {_bytes(d['weight_bytes'])}" + (f" ({', '.join(where)})" if where else "")]
 
 
 def _format_value(v: dict) -> str:

@@ -5,6 +5,7 @@
     prog = to_edge(export(model, (x,))).to_executorch()
     prog.save("model.pte")
 """
+from . import quantized_ops  # noqa: F401  (out variants of quantized_decomposed ops)
 from .edge import EdgeCompileConfig  # noqa: F401
 from .program import (  # noqa: F401
     EdgeProgramManager,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from ..errors import InvalidInputError
+from ..fileio import atomic_write
 
 ENV_VAR = "EXECUPY_KERNELS"
 
@@ -50,7 +51,7 @@ class KernelList:
         return "\n".join(lines) + "\n"
 
     def save(self, path: Union[str, os.PathLike], header: str = "") -> None:
-        Path(path).write_text(self.to_text(header))
+        atomic_write(path, self.to_text(header))
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "KernelList":

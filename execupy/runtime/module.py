@@ -54,8 +54,9 @@ class Module:
     >>> m.run_method("encode", tokens)
     """
 
-    def __init__(self, source: Union[str, os.PathLike, bytes], **program_kwargs):
+    def __init__(self, source: Union[str, os.PathLike, bytes], event_tracer=None, **program_kwargs):
         self.program = Program.load(source, **program_kwargs)
+        self.event_tracer = event_tracer  # given to every method this module loads
         self._methods: dict[str, Method] = {}
 
     @property
@@ -64,7 +65,7 @@ class Module:
 
     def method(self, name: str) -> Method:
         if name not in self._methods:
-            self._methods[name] = self.program.load_method(name)
+            self._methods[name] = self.program.load_method(name, event_tracer=self.event_tracer)
         return self._methods[name]
 
     def run_method(self, name: str, *args: Any) -> Any:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -134,10 +135,17 @@ class Program:
             backends=[d.id for d in plan.delegates],
         )
 
-    def load_method(self, name: str = "forward") -> "Method":
+    def load_method(self, name: str = "forward", event_tracer=None) -> "Method":
+        """Bind method `name`. An `event_tracer` (execupy.devtools.tracer.EventTracer) records
+        the load and, from then on, every call; without one the method runs untraced."""
         from .method import Method
 
-        return Method(self, self.plan(name))
+        if event_tracer is None:
+            return Method(self, self.plan(name))
+        started = time.perf_counter_ns()
+        method = Method(self, self.plan(name))
+        event_tracer.attach(method, load_started_ns=started)
+        return method
 
     # ------------------------------------------------------------------ data access
 
