@@ -281,16 +281,18 @@ def test_executorch_parses_our_etrecord_and_loads_its_programs(tmp_path):
     torch.testing.assert_close(torch.tensor(report["original_output"]), eager)
 
 
-# Runs in the reference venv: ExecuTorch's runtime traces our .pte (ETDump), and its Inspector
-# joins that trace with our ETRecord; prints, per traced operator call, what the join found.
+# Runs in the reference venv: ExecuTorch's Inspector joins a trace of our .pte (ETDump, written by
+# ExecuTorch's runtime here unless one is there already) with our ETRecord; prints, per traced
+# operator call, what the join found.
 _ET_INSPECT = r'''
-import json, sys, torch
-from executorch.extension.pybindings.portable_lib import _load_for_executorch
+import json, os, sys, torch
 from executorch.devtools import Inspector
 pte, record, x = sys.argv[1], sys.argv[2], torch.tensor(json.loads(sys.argv[3]))
-m = _load_for_executorch(pte, enable_etdump=True, debug_buffer_size=1 << 20)
-m.forward((x,))
-m.write_etdump_result_to_file("trace.etdp", "trace.bin")
+if not os.path.exists("trace.etdp"):
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    m = _load_for_executorch(pte, enable_etdump=True, debug_buffer_size=1 << 20)
+    m.forward((x,))
+    m.write_etdump_result_to_file("trace.etdp", "trace.bin")
 inspector = Inspector(etdump_path="trace.etdp", etrecord=record, debug_buffer_path="trace.bin")
 calls = [{"instruction": ev._instruction_id, "handles": ev.debug_handles, "ops": ev.op_types,
           "modules": [list(stack.values())[-1][0] for stack in ev.module_hierarchy.values()]}
@@ -311,12 +313,20 @@ class Small(nn.Module):
 
 @pytest.mark.reference
 @pytest.mark.slow
-def test_executorch_inspector_joins_its_trace_of_our_pte_with_our_etrecord(tmp_path):
+@pytest.mark.parametrize("traced_by", ["executorch", "execupy"])
+def test_executorch_inspector_joins_a_trace_of_our_pte_with_our_etrecord(traced_by, tmp_path):
     x = torch.randn(3, 4)
     ep = export(Small().eval(), (x,))
     edge = to_edge(ep)
     prog = edge.to_executorch()
     prog.save(tmp_path / "small.pte")
+    if traced_by == "execupy":  # our runtime's own ETDump
+        from execupy.devtools.tracer import EventTracer
+        from execupy.runtime import Module
+
+        tracer = EventTracer(log_intermediate_outputs=True)
+        Module(tmp_path / "small.pte", event_tracer=tracer).forward(x.numpy())
+        tracer.save(tmp_path / "trace.etdp", tmp_path / "trace.bin")
     generate_etrecord(tmp_path / "small.etrecord", edge, prog, exported_program=ep)
     proc = subprocess.run([str(reference_python()), "-c", _ET_INSPECT, "small.pte", "small.etrecord",
                            json.dumps(x.tolist())], capture_output=True, text=True, timeout=600, cwd=tmp_path)
