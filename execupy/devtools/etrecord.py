@@ -18,8 +18,9 @@ import json
 import os
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from ..errors import MalformedProgramError
 
@@ -103,11 +104,8 @@ def node_info_from_serialized(node: dict[str, Any]) -> tuple[Optional[int], Node
         module_path=module_path, module_type=module_type)
 
 
-def _int_keys(m: dict[str, Any], what: str) -> dict[int, Any]:
-    try:
-        return {int(k): v for k, v in m.items()}
-    except (TypeError, ValueError, AttributeError):
-        raise MalformedProgramError(f"ETRecord {what}: instruction ids must be integers") from None
+def _int_keys(m: dict[str, Any]) -> dict[int, Any]:
+    return {int(k): v for k, v in m.items()}
 
 
 def _read_json(z: zipfile.ZipFile, name: str, default: Any) -> Any:
@@ -115,8 +113,18 @@ def _read_json(z: zipfile.ZipFile, name: str, default: Any) -> Any:
         return default
     try:
         return json.loads(z.read(name))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise MalformedProgramError(f"ETRecord entry {name!r} is not JSON: {e}") from None
+    # What zipfile raises for a damaged, encrypted or oddly compressed entry, and bad JSON.
+    except (ValueError, zipfile.BadZipFile, EOFError, zlib.error, RuntimeError, NotImplementedError, OSError) as e:
+        raise MalformedProgramError(f"ETRecord entry {name!r} is not readable JSON: {e}") from None
+
+
+def _shaped(name: str, build: Callable[[], Any]) -> Any:
+    """build() over JSON that should have ExecuTorch's layout; any other shape is a typed error."""
+    try:
+        return build()
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        raise MalformedProgramError(f"ETRecord entry {name!r} does not have the expected layout "
+                                    f"({type(e).__name__}: {e})") from None
 
 
 def _graph_nodes(program: dict[str, Any]) -> list[dict[str, Any]]:
@@ -138,7 +146,7 @@ def read_etrecord_maps(path: Union[str, os.PathLike]) -> ETRecordMaps:
     """The debug-handle maps and per-handle node info of the ETRecord at `path` (no torch needed)."""
     try:
         z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
         raise MalformedProgramError(f"{path}: not an ETRecord (not a ZIP archive: {e})") from None
     with z:
         if IDENTIFIER not in z.namelist():
@@ -147,15 +155,15 @@ def read_etrecord_maps(path: Union[str, os.PathLike]) -> ETRecordMaps:
         delegates = _read_json(z, DELEGATE_MAP, {})
         num_outs = _read_json(z, NUM_OUTS_MAP, {})
         maps = ETRecordMaps(
-            debug_handle_map={m: {i: (h if isinstance(h, list) else [h]) for i, h in
-                                  _int_keys(v, DEBUG_HANDLE_MAP).items()} for m, v in handles.items()},
-            delegate_map={m: _int_keys(v, DELEGATE_MAP) for m, v in delegates.items()},
-            instruction_id_to_num_outs_map={m: _int_keys(v, NUM_OUTS_MAP) for m, v in num_outs.items()},
+            debug_handle_map=_shaped(DEBUG_HANDLE_MAP, lambda: {
+                m: {i: [int(x) for x in (h if isinstance(h, list) else [h])] for i, h in _int_keys(v).items()}
+                for m, v in handles.items()}),
+            delegate_map=_shaped(DELEGATE_MAP, lambda: {m: _int_keys(v) for m, v in delegates.items()}),
+            instruction_id_to_num_outs_map=_shaped(NUM_OUTS_MAP, lambda: {m: _int_keys(v) for m, v in num_outs.items()}),
         )
         for name in z.namelist():
             if name.startswith(EDGE_PROGRAM_PREFIX) and not name.endswith(PROGRAM_PARTS[1:]):
-                method = name[len(EDGE_PROGRAM_PREFIX):]
                 program = _read_json(z, name, {})
-                maps.node_info[method] = {h: info for h, info in map(node_info_from_serialized, _graph_nodes(program))
-                                          if h is not None}
+                maps.node_info[name[len(EDGE_PROGRAM_PREFIX):]] = _shaped(name, lambda: {
+                    h: info for h, info in map(node_info_from_serialized, _graph_nodes(program)) if h is not None})
     return maps

@@ -207,6 +207,42 @@ def test_what_is_not_an_etrecord_is_a_typed_error(tmp_path):
         read_etrecord_maps(bad_json)
 
 
+def test_damaged_etrecords_give_typed_errors_only(tmp_path):
+    """1000 seeded mutants of a real ETRecord: flipped bytes anywhere, or a JSON entry replaced
+    by JSON of another shape. Each either reads or raises MalformedProgramError."""
+    import random
+
+    _, _, _, edge, prog = mixed_program()
+    good = tmp_path / "good.etrecord"
+    generate_etrecord(good, edge, prog)
+    data = good.read_bytes()
+    entries = {name: zipfile.ZipFile(good).read(name) for name in zipfile.ZipFile(good).namelist()}
+    shapes = [[], {}, 3, "x", None, {"forward": 1}, {"forward": {"a": [1]}}, {"forward": {"0": ["x"]}},
+              {"forward": {"0": {"1": 2}}}, {"graph_module": {"graph": {"nodes": [1, {"metadata": []}]}}},
+              {"graph_module": {"graph": {"nodes": [{"metadata": {"debug_handle": "x", "stack_trace": 5}}]}}},
+              {"graph_module": {"graph": {"nodes": [{"metadata": {"nn_module_stack": "a"}}]}}}]
+    rng = random.Random(0)
+    outcomes = {"read": 0, "refused": 0}
+    for k in range(1000):
+        path = tmp_path / f"m{k % 10}.etrecord"
+        if k % 2:
+            damaged = bytearray(data)
+            for _ in range(rng.randint(1, 8)):
+                damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+            path.write_bytes(bytes(damaged))
+        else:
+            victim = rng.choice([n for n in entries if n.endswith(("_map", "/forward"))])
+            with zipfile.ZipFile(path, "w") as z:
+                for name, content in entries.items():
+                    z.writestr(name, json.dumps(rng.choice(shapes)) if name == victim else content)
+        try:
+            read_etrecord_maps(path)
+            outcomes["read"] += 1
+        except MalformedProgramError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 100 and sum(outcomes.values()) == 1000, outcomes
+
+
 # Runs where torch cannot be imported: reads the maps and prints them as JSON.
 _TORCH_FREE_READ = r'''
 import importlib.abc, json, sys
