@@ -22,6 +22,7 @@ import os
 import zipfile
 from typing import Any, Optional, Union
 
+import sympy
 import torch
 import torch.fx
 from torch._export.serde.schema import SCHEMA_VERSION
@@ -120,8 +121,23 @@ def _downgrade_graph(graph: dict[str, Any], what: str) -> None:
                 _downgrade_graph(sub["graph"], what)
 
 
+def _plain_expressions(value: Any) -> None:
+    """Symbolic sizes as schema 5.4 writes them: "s31", "2*s31", where torch 2.13 writes sympy's
+    srepr ("Symbol('s31', positive=True, integer=True)"); 5.4 finds a symbol's range by that text."""
+    if isinstance(value, dict):
+        expr = value.get("as_expr")
+        if isinstance(expr, dict) and isinstance(expr.get("expr_str"), str):
+            expr["expr_str"] = str(sympy.sympify(expr["expr_str"]))
+        for v in value.values():
+            _plain_expressions(v)
+    elif isinstance(value, list):
+        for v in value:
+            _plain_expressions(v)
+
+
 def _as_executorch_schema(program: dict[str, Any], what: str) -> None:
     """Rewrite torch.export's JSON (in place) as ExecuTorch's serializer schema 5.4 has it."""
+    _plain_expressions(program)
     _drop(program, "program")
     program["schema_version"] = dict(ET_SCHEMA_VERSION)
     gm = program["graph_module"]

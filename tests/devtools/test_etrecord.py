@@ -375,3 +375,43 @@ def test_executorch_inspector_joins_a_trace_of_our_pte_with_our_etrecord(traced_
         assert call["handles"] == handles[call["instruction"]]
         assert call["ops"] == [info.op.removeprefix("aten.")]  # ExecuTorch names ops without namespace
         assert call["modules"] == [info.module_path]
+
+
+# Runs in the reference venv: ExecuTorch's parser loads each ETRecord named; prints, per file,
+# its edge graph's handle -> op (branches included).
+_ET_HANDLES = r'''
+import json, sys, torch
+from executorch.devtools.etrecord import parse_etrecord
+
+def name(target):  # as torch.export's serializer spells a target, less "torch.ops."
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return "higher_order." + target.__name__
+    return f"{target.__module__}.{target.__name__}"
+
+report = {}
+for path in sys.argv[1:]:
+    gm = parse_etrecord(path).edge_dialect_program.graph_module
+    report[path] = {n.meta["debug_handle"]: name(n.target) for m in gm.modules() if hasattr(m, "graph")
+                    for n in m.graph.nodes if n.op == "call_function" and n.meta.get("debug_handle") is not None
+                    and name(n.target) != "_operator.getitem"}  # they carry the handle of the op they read
+print("REPORT " + json.dumps(report))
+'''
+
+
+@pytest.mark.reference
+@pytest.mark.slow
+def test_executorch_parses_etrecords_of_dynamic_shape_and_cond_programs(tmp_path):
+    """torch 2.13 writes symbolic sizes as sympy srepr; ExecuTorch's reader needs them plain."""
+    expected = {}
+    for name in ["dynamic_sequence", "dynamic_gpt2_block", "cond_branches"]:
+        _, edge, prog = zoo_program(name)
+        path = str(tmp_path / f"{name}.etrecord")
+        generate_etrecord(path, edge, prog)
+        expected[path] = {str(h): i.op for h, i in prog.node_info["forward"].items()}
+    proc = subprocess.run([str(reference_python()), "-c", _ET_HANDLES, *expected], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT "))[len("REPORT "):])
+    assert report == expected
