@@ -54,6 +54,9 @@ class Partitioner(ABC):
 @dataclass
 class PreprocessResult:
     processed_bytes: bytes
+    # The backend's debug ids (what its runtime half would log) -> debug handles of the
+    # subgraph's nodes (node.meta["debug_handle"]); kept for devtools, not written to the .pte.
+    debug_handle_map: dict[int, list[int]] = field(default_factory=dict)
 
 
 class BackendDetails(ABC):
@@ -77,8 +80,9 @@ class LoweredBackendModule(torch.nn.Module):
     """A preprocessed subgraph; calling it runs the original subgraph in torch."""
 
     def __init__(self, backend_id: str, processed_bytes: bytes, compile_specs: list[CompileSpec],
-                 original_module: torch.fx.GraphModule):
+                 original_module: torch.fx.GraphModule, debug_handle_map: dict[int, list[int]] | None = None):
         super().__init__()
+        self.debug_handle_map = dict(debug_handle_map or {})
         self.backend_id = backend_id
         self.processed_bytes = processed_bytes
         self.compile_specs = compile_specs
@@ -182,8 +186,9 @@ def _lower_group(ep: ExportedProgram, nodes: list[torch.fx.Node], spec: Delegati
     sub.output(tuple(env[n] for n in outputs))
     sub_gm = torch.fx.GraphModule(sub_root, sub)
 
-    processed = details.preprocess(sub_gm, list(spec.compile_specs)).processed_bytes
-    lowered = LoweredBackendModule(spec.backend_id, bytes(processed), list(spec.compile_specs), sub_gm)
+    result = details.preprocess(sub_gm, list(spec.compile_specs))
+    lowered = LoweredBackendModule(spec.backend_id, bytes(result.processed_bytes), list(spec.compile_specs), sub_gm,
+                                   result.debug_handle_map)
     gm.add_submodule(name, lowered)
 
     # The call goes where the group's last node was (all its inputs come before that);

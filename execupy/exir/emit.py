@@ -25,6 +25,7 @@ from ..errors import ExportError
 from ..schema import program as P
 from . import memory_planning as mp
 from .backend import ABSORBED, executorch_call_delegate
+from .debug_info import HANDLE
 from .passes import (
     ASSERT_OPS,
     SYM_OPS,
@@ -102,6 +103,12 @@ class MethodEmitter:
         self._op_index: dict[tuple[str, str], int] = {}
         self.storages: dict[int, mp.Storage] = {}  # value index -> planned storage
         self.ranges = dict(ep.range_constraints)
+        # Devtools maps (nothing of them goes into the plan): instruction -> debug handles of the
+        # node(s) it runs, and for DelegateCalls the backend's own map and the number of outputs.
+        self.debug_handle_map: dict[int, list[int]] = {}
+        self.delegate_map: dict[int, dict[str, Any]] = {}
+        self.num_outs_map: dict[int, int] = {}
+        self._node: Optional[torch.fx.Node] = None  # the node whose instructions are being written
 
     # ------------------------------------------------------------------ values
 
@@ -217,6 +224,9 @@ class MethodEmitter:
     def _instr(self, ins: P.Instruction, touched: Sequence[int]) -> int:
         pc = len(self.instructions)
         self.instructions.append(ins)
+        handle = self._node.meta.get(HANDLE) if self._node is not None else None
+        if handle is not None:
+            self.debug_handle_map[pc] = [handle]
         for idx in touched:
             self._touch(idx, pc)
         return pc
@@ -239,6 +249,7 @@ class MethodEmitter:
         raise unsupported(node, f"returns {type(val).__name__}, which the emitter cannot plan")
 
     def emit_node(self, node: torch.fx.Node, env: Env, gm: torch.fx.GraphModule) -> None:
+        self._node = node
         target = node.target
         if node.op in ("placeholder", "output", "get_attr"):
             return
@@ -338,11 +349,11 @@ class MethodEmitter:
         # JumpFalse(pred -> false branch); true branch; JumpFalse(false -> end); false branch.
         to_false = P.JumpFalseCall(pred_idx, -1)
         self._instr(to_false, [pred_idx])
-        self._emit_branch(getattr(gm, true_ref.target), operand_idx, out_list)
+        self._emit_branch(getattr(gm, true_ref.target), operand_idx, out_list, node)
         skip = P.JumpFalseCall(-1, -1)
         self._instr(skip, [])
         to_false.destination_instruction = len(self.instructions)
-        self._emit_branch(getattr(gm, false_ref.target), operand_idx, out_list)
+        self._emit_branch(getattr(gm, false_ref.target), operand_idx, out_list, node)
         skip.cond_value_index = self._add(P.Bool(False))
         skip.destination_instruction = len(self.instructions)
 
@@ -358,9 +369,16 @@ class MethodEmitter:
         self.delegates.append(P.BackendDelegate(id=lowered.backend_id, processed=ref,
                                                 compile_specs=list(lowered.compile_specs)))
         args = ins + outs
-        self._instr(P.DelegateCall(len(self.delegates) - 1, args), args)
+        pc = self._instr(P.DelegateCall(len(self.delegates) - 1, args), args)
+        # As ExecuTorch records a delegate: the handles of every op it took over, the backend's
+        # own map (its debug ids -> handles) and how many values the call returns.
+        self.debug_handle_map[pc] = [n.meta[HANDLE] for n in lowered.original_module.graph.nodes
+                                     if n.op == "call_function" and n.meta.get(HANDLE) is not None]
+        self.delegate_map[pc] = {"name": lowered.backend_id, "delegate_map": dict(lowered.debug_handle_map)}
+        self.num_outs_map[pc] = len(outs)
 
-    def _emit_branch(self, sub: torch.fx.GraphModule, operand_idx: list[int], outs: list[int]) -> None:
+    def _emit_branch(self, sub: torch.fx.GraphModule, operand_idx: list[int], outs: list[int],
+                     cond: torch.fx.Node) -> None:
         first_value = len(self.values)
         env: Env = {}
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
@@ -369,6 +387,7 @@ class MethodEmitter:
         for n in sub.graph.nodes:
             self.emit_node(n, env, sub)
         result = next(n for n in sub.graph.nodes if n.op == "output")
+        self._node = cond  # the moves out of a branch are the cond's
         merged: set[int] = set()
         for r, dst in zip(pytree.tree_leaves(result.args[0]), outs):
             src = self._arg(r, None, env, result)
@@ -400,16 +419,18 @@ class MethodEmitter:
             self.emit_node(node, env, gm)
 
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
-        outputs, writebacks = [], []
+        outputs, writebacks, writeback_nodes = [], [], []
         for arg, spec in zip(output_node.args[0], sig.output_specs):
             if spec.kind == OutputKind.BUFFER_MUTATION:
                 writebacks.append((buffer_values[spec.target], self._arg(arg, None, env, output_node)))
+                writeback_nodes.append(arg.args[0] if arg.target is operator.getitem else arg)
             elif spec.kind == OutputKind.USER_OUTPUT:
                 outputs.append(self._arg(arg, None, env, output_node) if arg is not None else self._add(P.Null()))
             else:
                 raise ExportError(f"method {self.name!r}: output kind {spec.kind.name} is not supported "
                                   f"(e.g. mutating a user input in place); return the new value instead")
-        for buf, new in writebacks:  # docs/format.md §18: copy the new state into the buffer, last
+        for (buf, new), node in zip(writebacks, writeback_nodes):  # docs/format.md §18: copy the new state in, last
+            self._node = node  # the copy belongs to the op that computed the new state
             if new == buf:  # written in place by an op that mutates its argument (llama::update_cache)
                 continue
             self._kernel("aten::copy_", "", [buf, new, self._add(P.Bool(False)), buf])

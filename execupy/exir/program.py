@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from ..devtools.etrecord import NodeInfo
 from ..errors import ExportError
 from ..fileio import atomic_write
 from ..schema import program as P
+from .debug_info import assign_debug_handles, node_info_table
 from .edge import EdgeCompileConfig, as_method_dict, check_kernels, check_supported_nodes, to_edge_program
 from .emit import DataList, MethodEmitter, emit_constant_method
 from .passes import remove_noops
@@ -78,6 +80,8 @@ class EdgeProgramManager:
     def __init__(self, programs: dict[str, ExportedProgram], constant_methods: Optional[dict[str, Any]] = None,
                  compile_config: Optional[EdgeCompileConfig] = None):
         self._programs = programs
+        for ep in programs.values():  # nodes a pass or to_backend added get theirs here
+            assign_debug_handles(ep.graph_module)
         self._constant_methods = dict(constant_methods or {})
         self.compile_config = compile_config or EdgeCompileConfig()
         clash = set(programs) & set(self._constant_methods)
@@ -111,6 +115,7 @@ class EdgeProgramManager:
         constants, mutable = DataList(dedup=True), DataList(dedup=False)
         payloads: list[bytes] = []  # delegate payloads, one segment each
         plans, summary = [], {}
+        debug = DebugMaps()
         for name in sorted(self._programs):  # docs/format.md §12: methods sorted by name
             ep = self._programs[name]
             if self.compile_config._check_ir_validity:
@@ -118,11 +123,12 @@ class EdgeProgramManager:
             emitter = MethodEmitter(name, ep, constants, mutable, payloads)
             plans.append(emitter.emit())
             summary[name] = emitter.plan_sizes()
+            debug.add_method(name, emitter, ep)
         for name, value in self._constant_methods.items():  # then constant methods, in given order
             plans.append(emit_constant_method(name, value, constants))
         program = P.Program(execution_plan=plans, constant_buffer=[], backend_delegate_data=[])
         return ExecutorchProgramManager(program, constants, mutable, config, dict(self._programs), summary,
-                                        payloads)
+                                        payloads, debug)
 
     def to_backend(self, partitioner: "Partitioner") -> "EdgeProgramManager":
         """Delegate what `partitioner` tags, in every method; returns a new manager."""
@@ -132,14 +138,40 @@ class EdgeProgramManager:
         return EdgeProgramManager(programs, self._constant_methods, self.compile_config)
 
 
+@dataclass
+class DebugMaps:
+    """What the emitter learnt about debug handles, per method (see ExecutorchProgramManager)."""
+
+    debug_handle_map: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    delegate_map: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    num_outs_map: dict[str, dict[int, int]] = field(default_factory=dict)
+    node_info: dict[str, dict[int, NodeInfo]] = field(default_factory=dict)
+
+    def add_method(self, name: str, emitter: MethodEmitter, ep: ExportedProgram) -> None:
+        self.debug_handle_map[name] = emitter.debug_handle_map
+        self.delegate_map[name] = emitter.delegate_map
+        self.num_outs_map[name] = emitter.num_outs_map
+        self.node_info[name] = node_info_table(ep.graph_module)
+
+
 class ExecutorchProgramManager:
     """The emitted program: `buffer` (the .pte bytes), `save(path)`, `plan_summary()`."""
 
     def __init__(self, program: P.Program, constants: DataList, mutable: DataList,
                  config: ExecutorchBackendConfig, programs: dict[str, ExportedProgram],
-                 summary: dict[str, tuple[int, int]], payloads: Sequence[bytes] = ()):
+                 summary: dict[str, tuple[int, int]], payloads: Sequence[bytes] = (),
+                 debug: Optional[DebugMaps] = None):
         from ..schema.writer import pack_constants, pack_mutable_data, write_pte
 
+        debug = debug or DebugMaps()
+        # Devtools maps, as ExecuTorch's manager has them (generate_etrecord writes them):
+        # method -> instruction index -> debug handles; method -> DelegateCall index ->
+        # {"name": backend id, "delegate_map": backend debug id -> handles}; method ->
+        # DelegateCall index -> number of outputs; and method -> handle -> NodeInfo.
+        self.debug_handle_map = debug.debug_handle_map
+        self.delegate_map = debug.delegate_map
+        self.instruction_id_to_num_outs_map = debug.num_outs_map
+        self.node_info = debug.node_info
         self._programs = programs
         self._summary = summary
         const_bytes, const_offsets = pack_constants(constants.blobs, config.constant_tensor_alignment)

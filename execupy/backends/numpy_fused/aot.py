@@ -76,7 +76,7 @@ class NumpyFusedPartitioner(Partitioner):
 class NumpyFusedBackendDetails(BackendDetails):
     @staticmethod
     def preprocess(edge_program: torch.fx.GraphModule, compile_specs: list[CompileSpec]) -> PreprocessResult:
-        return PreprocessResult(serialize(edge_program))
+        return PreprocessResult(serialize(edge_program), debug_handle_map(edge_program))
 
 
 register_backend_details(BACKEND_ID, NumpyFusedBackendDetails)
@@ -106,6 +106,13 @@ def serialize(gm: torch.fx.GraphModule) -> bytes:
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     head = MAGIC + struct.pack("<I", len(text)) + text
     return head + b"\0" * (-len(head) % DATA_ALIGNMENT) + bytes(weights)
+
+
+def debug_handle_map(gm: torch.fx.GraphModule) -> dict[int, list[int]]:
+    """The payload's op index (its implicit debug id, so the payload bytes stay as they are)
+    -> the debug handle of the node it came from."""
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    return {i: [n.meta["debug_handle"]] for i, n in enumerate(ops) if n.meta.get("debug_handle") is not None}
 
 
 def _op(node: torch.fx.Node, ids: dict[torch.fx.Node, int]) -> dict:
