@@ -22,8 +22,8 @@ from execupy.schema import read_pte
 from execupy.schema.reader import PteFile
 from execupy.schema.writer import layout_segments, pack_constants, pack_mutable_data, write_pte
 
-from .conformance import (SAMPLES, Case, cases, expected_outputs, flatten, load_inputs, mismatch, program_name,
-                          samples, with_sample)
+from .conformance import (SAMPLES, Case, cases, expected_outputs, flatten, load_inputs, mismatch, named,
+                          program_name, samples, with_sample)
 from .reference import run_reference
 
 PROGRAMS = samples() + cases()  # each has .name and .pte
@@ -319,6 +319,14 @@ REFERENCE_CASES = {
     "portable-llama_block": repack_constants,          # 64-byte aligned constants, 64-byte header
     "xnnpack-mixed_partition": inline_delegates,       # payload moved inline
     "xnnpack-inline_delegate_data": extract_delegates,  # inline payload moved to a segment
+    # The same features in programs our exporter writes (here with or without ../shared):
+    "execupy-state_kv_cache": rewrite,
+    "execupy-state_counter_initialized": rewrite,
+    "execupy-multi_method": rewrite,
+    "execupy-dynamic_batch_seq": rewrite,
+    "execupy-bfloat16_linear": rewrite,
+    "execupy-big_constant": repack_constants,
+    "execupy-cond": rewrite,                           # jumps and moves
 }
 
 
@@ -353,12 +361,11 @@ def same_inputs(case: Case, a: dict, b: dict) -> bool:
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("name", REFERENCE_CASES)
-def test_rewritten_program_runs_in_reference_runtime(name, tmp_path):
-    (case,) = [c for c in cases() if c.name == name]
+@pytest.mark.parametrize("case", named(*REFERENCE_CASES), ids=program_name)
+def test_rewritten_program_runs_in_reference_runtime(case, tmp_path):
     tol = case.manifest["tolerance"]
     pte = tmp_path / "model.pte"
-    pte.write_bytes(REFERENCE_CASES[name](case.pte.read_bytes()))
+    pte.write_bytes(REFERENCE_CASES[case.name](case.pte.read_bytes()))
     calls = reference_calls(case)
     assert calls[0][0]["id"] == "main", "the main run is always checked"
     for runs in calls:
@@ -372,14 +379,15 @@ def test_rewritten_program_runs_in_reference_runtime(name, tmp_path):
 
 
 @pytest.mark.reference
-def test_rewritten_cond_sample_runs_like_the_original_in_reference_runtime(tmp_path):
-    # samples/cond.pte: torch.cond on a float predicate, so both sides run through
-    # JumpFalseCall and MoveCall; re-packed constants make the file differ from the original.
-    original = SAMPLES / "cond.pte"
+@pytest.mark.parametrize("program", with_sample("cond", "execupy-cond"), ids=program_name)
+def test_rewritten_cond_program_runs_like_the_original_in_reference_runtime(program, tmp_path):
+    # torch.cond, so both sides run through JumpFalseCall and MoveCall; re-packed constants make
+    # the file differ from the original. ExecuTorch's samples/cond.pte takes a float predicate.
     rewritten = tmp_path / "cond.pte"
-    rewritten.write_bytes(repack_constants(original.read_bytes()))
-    rng = np.random.default_rng(0)
-    inputs = [np.array([-1.0], np.float32), rng.standard_normal(3).astype(np.float32)]
-    (expected,) = run_reference(original, inputs)
-    (actual,) = run_reference(rewritten, inputs)
-    assert_identical([actual], [expected])
+    rewritten.write_bytes(repack_constants(program.pte.read_bytes()))
+    if isinstance(program, Case):
+        inputs = load_inputs(program, program.manifest["runs"][0])
+    else:
+        rng = np.random.default_rng(0)
+        inputs = [np.array([-1.0], np.float32), rng.standard_normal(3).astype(np.float32)]
+    assert_identical(run_reference(rewritten, inputs), run_reference(program.pte, inputs))

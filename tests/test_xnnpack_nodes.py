@@ -156,11 +156,15 @@ for name, case in cases.items():
 """
 
 
-@pytest.fixture(scope="module")
-def programs() -> tuple[Path, dict]:
+def lowered_programs() -> tuple[Path, dict]:
     """Lower and run every case in the reference venv once; cached under a hash of the cases,
     the worker and the venv."""
     return run_worker_once(_WORKER, json.dumps(CASES, sort_keys=True), "xnnpack-nodes")
+
+
+@pytest.fixture(scope="module")
+def programs() -> tuple[Path, dict]:
+    return lowered_programs()
 
 
 def _graphs(pte: Path) -> list:
