@@ -25,7 +25,7 @@ from ...kernels.portable.conv import convolution
 from ...kernels.portable.pool import avg_pool2d, max_pool2d_with_indices
 from ...kernels.registry import get_kernel
 from . import quant as Q
-from .schema import Node
+from .schema import NO_VALUE, Node
 
 F32 = np.float32
 Step = Callable[[list], None]
@@ -35,6 +35,10 @@ TENSORFLOW_LEGACY_MODE = 0x4
 # Static sizes a node may produce; a hostile graph must not make us allocate without bound.
 MAX_STATIC_ELEMENTS = 1 << 28
 
+
+def _present(g, value_id: int) -> bool:
+    """Whether an optional value id (a bias) names a value of the graph."""
+    return value_id != NO_VALUE and value_id < len(g.values)
 
 def _kernel(name: str) -> Callable[[np.ndarray], np.ndarray]:
     fn = get_kernel(f"aten::{name}.out")
@@ -290,7 +294,7 @@ def _fully_connected(node: Node, g) -> Step:
     if f["flags"] & TRANSPOSE_WEIGHTS:
         w = w.T
     w = np.ascontiguousarray(w)  # [out, in]
-    has_bias = b_id != 0xFFFFFFFF and b_id < len(g.values)
+    has_bias = _present(g, b_id)
     if x_val.datatype in ("qint8", "quint8"):
         return _fc_static_quant(node, g, w, has_bias)
     if x_val.datatype == "qdint8":
@@ -419,7 +423,7 @@ def _convolution(node: Node, g) -> Step:
     x_id, b_id, out = f["input1_id"], f["bias_id"], f["output_id"]
     x_val, out_val = g.values[x_id], g.values[out]
     w = _conv_filter(node, g)
-    has_bias = b_id != 0xFFFFFFFF and b_id < len(g.values)
+    has_bias = _present(g, b_id)
     if x_val.datatype in ("qint8", "quint8"):
         conv = _conv_nchw(node, w.astype(np.float64) - g.filter_zero_point(f["filter_id"]), np.float64)
         bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else 0.0

@@ -20,11 +20,11 @@ import numpy as np
 from ...errors import ExecupyError, InvalidInputError, MalformedProgramError
 from . import quant as Q
 from .nodes import BUILDERS, Step
-from .schema import EXTERNAL_INPUT, EXTERNAL_OUTPUT, NAMED_DATA_OFFSET, NO_EXTERNAL_ID, Graph, Node, Value, read_payload
+from .schema import (EXTERNAL_INPUT, EXTERNAL_OUTPUT, NAMED_DATA_OFFSET, NO_EXTERNAL_ID, NO_VALUE, Graph, Node, Value,
+                     read_payload)
 
 BACKEND_ID = "XnnpackBackend"
 F32 = np.float32
-NO_VALUE = 0xFFFFFFFF
 FLOAT_TYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 # datatype -> numpy dtype of its constant bytes (4-bit types are unpacked separately)
 CONSTANT_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16, "int32": np.int32,

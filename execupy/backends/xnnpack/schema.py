@@ -18,6 +18,7 @@ HEADER_MAGIC = b"XH00"
 GRAPH_IDENTIFIERS = (b"XN01", b"XN00")
 NAMED_DATA_OFFSET = 0xFFFFFFFFFFFFFFFF
 NO_EXTERNAL_ID = 0xFFFFFFFF
+NO_VALUE = 0xFFFFFFFF  # a node's optional value id (a bias, say) that is absent
 
 # XNNDatatype
 DATATYPES = {
