@@ -232,14 +232,18 @@ class LLMRunner:
         self.history.extend(int(t) for t in tokens)
         return np.asarray(logits).reshape(-1, logits.shape[-1])[-1]
 
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
-        """Feed a prompt in chunks of at most max_prefill_len; the last position's logits."""
+    def prefill(self, tokens: Sequence[int], before_chunk: Optional[Callable[[], None]] = None) -> np.ndarray:
+        """Feed a prompt in chunks of at most max_prefill_len; the last position's logits.
+        ``before_chunk`` runs before each chunk and may raise to stop a long prefill (a
+        server whose client left)."""
         if not tokens:
             raise InvalidInputError("empty prompt: nothing to condition on")
         self._check_room(len(tokens))
         step = self.meta.max_prefill_len
         logits = None
         for start in range(0, len(tokens), step):
+            if before_chunk is not None:
+                before_chunk()
             logits = self._forward(tokens[start:start + step])
         return logits
 
@@ -274,6 +278,7 @@ class LLMRunner:
         callback: Optional[Callable[[str], None]] = None,
         stop: Sequence[str] = (),
         special_text: bool = False,
+        before_chunk: Optional[Callable[[], None]] = None,
     ) -> list[int]:
         """Prefill ``prompt_tokens`` after what the cache holds (the previous call's last
         sampled token first, which was not fed yet), then forward-and-sample one token at a
@@ -281,7 +286,7 @@ class LLMRunner:
         ``callback`` gets each decoded text piece as it comes; special tokens give no text
         unless ``special_text``. An EOS token that ends generation is kept in the cache (the
         chat template expects it) but not in the text. A stop string has been streamed by
-        the time generation ends on it."""
+        the time generation ends on it. ``before_chunk`` goes to ``prefill``."""
         if not isinstance(sampler, Sampler):
             sampler = Sampler(sampler or SamplerConfig())
         prompt_tokens = self.pending + list(prompt_tokens)
@@ -293,7 +298,7 @@ class LLMRunner:
         text = TextStream(self.tokenizer.stream_decoder(special=special_text), callback, hidden=rule.eos_ids)
         new: list[int] = []
         t0 = time.perf_counter()
-        logits = self.prefill(prompt_tokens)
+        logits = self.prefill(prompt_tokens, before_chunk)
         stats.prefill_s = time.perf_counter() - t0
         if max_new_tokens > 0:  # (with 0, the prompt only fills the cache)
             token = sampler.sample(logits, self.history)  # the first new token comes from the prefill

@@ -2,8 +2,8 @@
 
 Requests become Jobs in a bounded queue (`submit` raises QueueFull when it is full); the
 worker takes them in order and streams Events back to the request's event loop. A job
-whose client went away is cancelled: skipped if still queued, stopped at its next text
-piece if generating. Each job starts by keeping the longest start of the KV cache its
+whose client went away is cancelled: skipped if still queued, stopped before its next
+prefill chunk or at its next text piece if generating. Each job starts by keeping the longest start of the KV cache its
 prompt shares (LLMRunner.reuse_prefix), so the next turn of a conversation prefills only
 its new tokens.
 """
@@ -150,18 +150,6 @@ class Engine:
                            param="messages")
         return tok.encode_chat(request.messages)
 
-    def _prefill_all_but_last_chunk(self, job: Job, tokens: list[int]) -> list[int]:
-        """Feed a long prompt's chunks but the last, stopping between chunks if the client
-        left (a long prefill takes seconds); returns the last chunk. The chunks are those
-        LLMRunner.prefill makes, so the numbers are the same as one prefill call's."""
-        step = self.runner.meta.max_prefill_len
-        starts = list(range(0, len(tokens), step))
-        for start in starts[:-1]:
-            if job.cancelled.is_set():
-                raise _Cancelled
-            self.runner.prefill(tokens[start:start + step])
-        return tokens[starts[-1]:]
-
     def _run(self, job: Job) -> None:
         runner, request = self.runner, job.request
         tokens = self._prompt_tokens(request)
@@ -175,16 +163,20 @@ class Engine:
         config = SamplerConfig(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
         stops = StopFilter(request.stop)
 
-        def on_text(piece: str) -> None:
+        def check_client() -> None:
             if job.cancelled.is_set():
                 raise _Cancelled
+
+        def on_text(piece: str) -> None:
+            check_client()
             text = stops.feed(piece)
             if text:
                 job.emit(Event("text", text))
 
-        last_chunk = self._prefill_all_but_last_chunk(job, tokens[cached:])
         max_tokens = request.max_tokens or self.default_max_tokens
-        new = runner.generate_tokens(last_chunk, max_tokens, Sampler(config), callback=on_text, stop=request.stop)
+        # A long prefill takes seconds: the client is checked between its chunks too.
+        new = runner.generate_tokens(tokens[cached:], max_tokens, Sampler(config), callback=on_text, stop=request.stop,
+                                     before_chunk=check_client)
         rest = stops.flush()
         if rest:
             job.emit(Event("text", rest))
