@@ -3,9 +3,9 @@
 Requests become Jobs in a bounded queue (`submit` raises QueueFull when it is full); the
 worker takes them in order and streams Events back to the request's event loop. A job
 whose client went away is cancelled: skipped if still queued, stopped before its next
-prefill chunk or at its next text piece if generating. Each job starts by keeping the longest start of the KV cache its
-prompt shares (LLMRunner.reuse_prefix), so the next turn of a conversation prefills only
-its new tokens.
+prefill chunk or at its next text piece if generating. Each job starts by keeping the
+longest start of the KV cache its prompt shares (LLMRunner.reuse_prefix), so the next turn
+of a conversation prefills only its new tokens.
 """
 from __future__ import annotations
 
