@@ -4,9 +4,11 @@
     execupy run model.pte [--method NAME] [--inputs in.npz | --random-inputs] [--repeat N] [--save out.npz]
                           [--etdump trace.etdp [--debug-buffer trace.bin]]
     execupy verify model.bpte [--rtol R] [--atol A]
+    execupy profile model.pte [--inputs in.npz | --random-inputs] [--etrecord R] [--repeat N] -o report.html
+    execupy debug model.pte --etrecord R [--inputs in.npz]
 
 LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`, `kernels`
-from `execupy.devtools.kernel_list`, `serve` from `execupy.serve.cli`.
+from `execupy.devtools.kernel_list`, `profile` and `debug` from `execupy.devtools.cli`, `serve` from `execupy.serve.cli`.
 Convention for every subcommand: its parser sets `func=handler` with
 `set_defaults`, and `handler(args) -> int` returns the exit status. An
 `ExecupyError` (or a missing file) raised by a handler is printed as
@@ -46,6 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .devtools import cli as devtools_cli
     from .devtools import kernel_list as kernels_cli
     from .llm import cli as llm_cli
     from .serve import cli as serve_cli
@@ -61,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub)
     llm_cli.register(sub)
     kernels_cli.register(sub)
+    devtools_cli.register(sub)
     serve_cli.register(sub)
     return parser
 
