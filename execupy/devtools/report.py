@@ -48,19 +48,23 @@ _SCRIPT = """
     var width = 1000, left = 260, h = 18, max = Math.max.apply(null, rows.map(function (r) { return r.ms; }));
     svg.setAttribute("width", width); svg.setAttribute("height", rows.length * h + 10);
     rows.forEach(function (r, i) {
-      var w = max > 0 ? Math.max(1, (width - left - 120) * r.ms / max) : 1;
+      var w = max > 0 ? Math.max(1, (width - left - 180) * r.ms / max) : 1;
       el("rect", {x: left, y: i * h + 2, width: w, height: h - 4, "class": "bar"}, svg);
       text(svg, left - 6, i * h + 14, r.op, "end");
       text(svg, left + w + 6, i * h + 14, r.ms.toFixed(3) + " ms (" + (100 * r.share).toFixed(1) + "%)");
     });
   }
-  function timeline(svg, events) {  // one run: each operator at its start, as wide as it took
+  var PALETTE = ["#3b7dd8", "#2a9d8f", "#8e5ad8", "#d8a03b", "#d8573b", "#5a8e3b", "#3bb4d8", "#b43b8e"];
+  function timeline(svg, events) {  // one run: each operator at its start, as wide as it took, coloured by op
     var width = 1000, h = 40, end = Math.max.apply(null, events.map(function (e) { return e.start + e.ms; }));
+    var colour = {}, used = 0;
     svg.setAttribute("width", width); svg.setAttribute("height", h + 20);
     events.forEach(function (e) {
       var x = end > 0 ? width * e.start / end : 0, w = end > 0 ? Math.max(1, width * e.ms / end) : 1;
       var r = el("rect", {x: x, y: e.delegated ? h / 2 : 0, width: w, height: e.delegated ? h / 2 : h,
                           "class": e.delegated ? "bar delegated" : "bar"}, svg);
+      if (!(e.op in colour)) colour[e.op] = PALETTE[used++ % PALETTE.length];
+      if (!e.delegated) r.style.fill = colour[e.op];
       el("title", {}, r).textContent = e.op + ": " + e.ms.toFixed(4) + " ms at " + e.start.toFixed(4) + " ms";
     });
     text(svg, 0, h + 15, "0 ms"); text(svg, width, h + 15, end.toFixed(3) + " ms", "end");
