@@ -76,9 +76,10 @@ def _numel(sizes: Sequence[int]) -> int:
 class Method:
     """An executable method of a Program. Create it with `Program.load_method(name)`."""
 
-    def __init__(self, program, plan: P.ExecutionPlan):
+    def __init__(self, program, plan: P.ExecutionPlan, event_tracer=None):
         self.program = program
         self.plan = plan
+        self.event_tracer = event_tracer  # handed to delegates at init, for their own events
         self.name = plan.name
         self.max_steps_per_call = program.max_steps_per_call  # bound on executed instructions with jumps
         self._plan_values = plan.values
@@ -398,7 +399,7 @@ class Method:
         backend = get_backend(d.id)
         payload = self.program.delegate_payload(d.processed)
         try:
-            handle = backend.init(payload, d.compile_specs, BackendContext(self.program.named_data))
+            handle = backend.init(payload, d.compile_specs, BackendContext(self.program.named_data, self.event_tracer))
         except ExecupyError:
             raise
         except Exception as e:

@@ -143,7 +143,7 @@ class Program:
         if event_tracer is None:
             return Method(self, self.plan(name))
         started = time.perf_counter_ns()
-        method = Method(self, self.plan(name))
+        method = Method(self, self.plan(name), event_tracer=event_tracer)
         event_tracer.attach(method, load_started_ns=started)
         return method
 
