@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="execupy",
-        description="ExecuTorch, written in Python: inspect and run .pte programs with a numpy-only runtime.",
+        description="ExecuTorch, written in Python: inspect, run, profile and debug .pte programs with a "
+        "numpy-only runtime.",
     )
     parser.add_argument("--version", action="version", version=f"execupy {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
