@@ -11,8 +11,8 @@ numeric comparison, which must run the exported graph in torch eager, imports th
 (`devtools/aot/eager.py`) when it is called without reference outputs.
 
 How the trace is grouped: runs of the same name (every "Execute" of a method) form one
-event block; the k-th event of each run is the same event, so an event holds one duration
-per run. The per-operator table puts kernel calls (`native_call_<op>`), the events a
+event block; an event (a name at an instruction, the n-th such in its run) holds one
+duration per run that recorded it. The per-operator table puts kernel calls (`native_call_<op>`), the events a
 delegate reports from inside its call, and delegate calls that reported none, into rows of
 one operator at one place in the source (one row per operator without an ETRecord).
 """
@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from ..errors import InvalidInputError, MalformedETDumpError
+from ..errors import InvalidInputError
 from .etdump import ETDump, ProfileEvent, RunData, debug_tensor, read_etdump
 from .etrecord import ETRecordMaps, NodeInfo, read_etrecord_maps
 
@@ -139,7 +139,8 @@ class Inspector:
         self.maps: Optional[ETRecordMaps] = read_etrecord_maps(etrecord) if etrecord is not None else None
         self.debug_buffer = (bytes(debug_buffer_path) if isinstance(debug_buffer_path, (bytes, bytearray))
                              else Path(debug_buffer_path).read_bytes() if debug_buffer_path is not None else None)
-        self.event_blocks: list[EventBlock] = [self._block(name, runs) for name, runs in self._runs_by_name().items()]
+        self._runs = self._runs_by_name()
+        self.event_blocks: list[EventBlock] = [self._block(name, runs) for name, runs in self._runs.items()]
 
     @classmethod
     def from_tracer(cls, tracer, etrecord: Optional[PathLike] = None, method: str = "forward") -> "Inspector":
@@ -158,21 +159,22 @@ class Inspector:
         return runs
 
     def _block(self, name: str, runs: list[RunData]) -> EventBlock:
-        events: list[InspectorEvent] = []
+        """Events of the same name, instruction and delegate id (the n-th such in its run) are one
+        event across runs; a run that took another branch simply lacks some of them."""
+        events: dict[tuple, InspectorEvent] = {}
         for run in runs:
             profiled = [e.profile_event for e in run.events if e.profile_event is not None]
-            if events and len(profiled) != len(events):
-                raise MalformedETDumpError(f"runs of block {name!r} differ: {len(profiled)} events where "
-                                           f"an earlier run had {len(events)}")
             origin = min((p.start_time for p in profiled), default=0)
-            for k, p in enumerate(profiled):
-                if len(events) <= k:
-                    events.append(self._event(p))
-                events[k].durations_ms.append((p.end_time - p.start_time) / 1e6)
-                events[k].starts_ms.append((p.start_time - origin) / 1e6)
+            seen: dict[tuple, int] = {}
+            for p in profiled:
+                what = (p.name, p.instruction_id, p.delegate_debug_id_int, p.delegate_debug_id_str)
+                seen[what] = seen.get(what, 0) + 1
+                event = events.setdefault((*what, seen[what]), self._event(p))
+                event.durations_ms.append((p.end_time - p.start_time) / 1e6)
+                event.starts_ms.append((p.start_time - origin) / 1e6)
         if self.debug_buffer is not None and runs:
-            self._attach_outputs(events, runs[-1])
-        return EventBlock(name, len(runs), events)
+            self._attach_outputs(list(events.values()), runs[-1])
+        return EventBlock(name, len(runs), list(events.values()))
 
     def _event(self, p: ProfileEvent) -> InspectorEvent:
         delegate_id = p.delegate_debug_id_str if p.delegate_debug_id_str is not None else (
@@ -238,10 +240,11 @@ class Inspector:
         return sorted(rows, key=lambda r: -r.total_ms)
 
     def timeline(self, run: int = -1, block_name: str = "Execute") -> list[TimelineEntry]:
-        """The operator events of one run of a block, in the order they ran."""
-        block = self.execute_block(block_name)
-        return [TimelineEntry(e.op, e.starts_ms[run], e.durations_ms[run], e.is_delegated)
-                for e in operator_events(block)]
+        """The operator events of one run of a block (the last by default), in the order they ran."""
+        self.execute_block(block_name)  # says which blocks there are when this one is not
+        one_run = self._block(block_name, [self._runs[block_name][run]])
+        return [TimelineEntry(e.op, e.starts_ms[0], e.durations_ms[0], e.is_delegated)
+                for e in operator_events(one_run)]
 
     def find_total_for_module(self, module_name: str) -> float:
         """Mean ms per run spent in operators of `module_name` and the modules under it."""
