@@ -114,10 +114,7 @@ def _add_run(sub) -> None:
         "are filled in automatically.",
     )
     p.add_argument("file", help="path of the .pte program")
-    p.add_argument("--method", default=None, help="method to run (default: forward, or the only method)")
-    p.add_argument("--inputs", metavar="IN.npz", help="inputs as arrays in0, in1, ... in an .npz file")
-    p.add_argument("--random-inputs", action="store_true", help="use random inputs of the method's input shapes")
-    p.add_argument("--seed", type=int, default=0, help="seed of --random-inputs (default 0)")
+    add_input_options(p)
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="execute N times and report timing (default 1)")
     p.add_argument("--save", metavar="OUT.npz", help="write the outputs as out0, out1, ... to an .npz file")
     p.add_argument("--etdump", metavar="OUT.etdp",
@@ -125,6 +122,15 @@ def _add_run(sub) -> None:
     p.add_argument("--debug-buffer", metavar="OUT.bin",
                    help="with --etdump: also log every intermediate output, their tensors into this file")
     p.set_defaults(func=cmd_run)
+
+
+def add_input_options(p: argparse.ArgumentParser) -> None:
+    """--method and where its inputs come from (read by _pick_method and _inputs); shared with
+    the commands that run a program too (profile, debug)."""
+    p.add_argument("--method", default=None, help="method to run (default: forward, or the only method)")
+    p.add_argument("--inputs", metavar="IN.npz", help="inputs as arrays in0, in1, ... in an .npz file")
+    p.add_argument("--random-inputs", action="store_true", help="use random inputs of the method's input shapes")
+    p.add_argument("--seed", type=int, default=0, help="seed of --random-inputs (default 0)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

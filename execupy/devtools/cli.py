@@ -14,19 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..cli import add_input_options
 from ..errors import InvalidInputError
 
 
 def register(sub) -> None:
     _add_profile(sub)
     _add_debug(sub)
-
-
-def _add_input_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default=None, help="method to run (default: forward, or the only method)")
-    p.add_argument("--inputs", metavar="IN.npz", help="inputs as arrays in0, in1, ... in an .npz file")
-    p.add_argument("--random-inputs", action="store_true", help="use random inputs of the method's input shapes")
-    p.add_argument("--seed", type=int, default=0, help="seed of random inputs (default 0)")
 
 
 def _traced_run(args: argparse.Namespace, log_intermediate_outputs: bool, repeat: int):
@@ -60,7 +54,7 @@ def _add_profile(sub) -> None:
         "the table also gives each operator's module and source line. The table is printed too.",
     )
     p.add_argument("file", help="path of the .pte program")
-    _add_input_options(p)
+    add_input_options(p)
     p.add_argument("--etrecord", metavar="R", help="the program's ETRecord (module paths and source lines)")
     p.add_argument("--repeat", type=int, default=5, metavar="N", help="traced runs (default 5)")
     p.add_argument("-o", "--output", required=True, metavar="REPORT.html", help="where to write the report")
@@ -97,7 +91,7 @@ def _add_debug(sub) -> None:
     )
     p.add_argument("file", help="path of the .pte program")
     p.add_argument("--etrecord", required=True, metavar="R", help="the program's ETRecord")
-    _add_input_options(p)
+    add_input_options(p)
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance, of the largest eager value "
                    "(default 1e-4)")

