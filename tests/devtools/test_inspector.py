@@ -159,6 +159,10 @@ def test_the_inspector_reads_the_trace_executorchs_runtime_writes(twenty, tmp_pa
     assert sorted(map(key, theirs.operator_table())) == sorted(map(key, ours.operator_table()))
     assert all(r.total_ms > 0 for r in theirs.operator_table())
     assert theirs.find_total_for_module("second") > 0
+    # ExecuTorch's runtime logged every kernel's output too: each is as close to eager as ours
+    gaps = theirs.calculate_numeric_gap(inputs=[x])
+    assert [g.instruction_id for g in gaps] == sorted(kernel_instructions(pte))
+    assert not [g for g in gaps if g.exceeds(atol=1e-5, rtol=1e-5)]
 
 
 # ---------------------------------------------------------------------------- numeric gap
