@@ -158,9 +158,10 @@ class Inspector:
             runs.setdefault(run.name, []).append(run)
         return runs
 
-    def _block(self, name: str, runs: list[RunData]) -> EventBlock:
+    def _block(self, name: str, runs: list[RunData], with_outputs: bool = True) -> EventBlock:
         """Events of the same name, instruction and delegate id (the n-th such in its run) are one
-        event across runs; a run that took another branch simply lacks some of them."""
+        event across runs; a run that took another branch simply lacks some of them. The last
+        run's logged tensors go on its events when there is a debug buffer and `with_outputs`."""
         events: dict[tuple, InspectorEvent] = {}
         for run in runs:
             profiled = [e.profile_event for e in run.events if e.profile_event is not None]
@@ -172,7 +173,7 @@ class Inspector:
                 event = events.setdefault((*what, seen[what]), self._event(p))
                 event.durations_ms.append((p.end_time - p.start_time) / 1e6)
                 event.starts_ms.append((p.start_time - origin) / 1e6)
-        if self.debug_buffer is not None and runs:
+        if with_outputs and self.debug_buffer is not None and runs:
             self._attach_outputs(list(events.values()), runs[-1])
         return EventBlock(name, len(runs), list(events.values()))
 
@@ -242,7 +243,7 @@ class Inspector:
     def timeline(self, run: int = -1, block_name: str = "Execute") -> list[TimelineEntry]:
         """The operator events of one run of a block (the last by default), in the order they ran."""
         self.execute_block(block_name)  # says which blocks there are when this one is not
-        one_run = self._block(block_name, [self._runs[block_name][run]])
+        one_run = self._block(block_name, [self._runs[block_name][run]], with_outputs=False)
         return [TimelineEntry(e.op, e.starts_ms[0], e.durations_ms[0], e.is_delegated)
                 for e in operator_events(one_run)]
 
