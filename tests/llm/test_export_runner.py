@@ -107,7 +107,7 @@ def test_kv_cache_is_written_in_place_by_the_custom_ops(exported, tmp_path):
 def test_export_manager_runs_the_stages_a_user_chains(exported, tmp_path):
     from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
     from execupy.errors import ExportError
-    from execupy.llm.export import LLMExportManager, weight_first_linears
+    from execupy.llm.export import LLMExportManager
 
     result, eager = exported
     seen = []
@@ -123,7 +123,7 @@ def test_export_manager_runs_the_stages_a_user_chains(exported, tmp_path):
     with pytest.raises(ValueError, match="not supported yet"):
         manager.set_dtype("int3")
     manager = (manager.set_output_dir(tmp_path / "out").set_dtype("fp32")
-               .source_transform([count_linears, weight_first_linears]).export().to_edge()
+               .source_transform([count_linears]).export().to_edge()
                .to_backend([NumpyFusedPartitioner()]).to_executorch())
     assert seen == [2 * 7 + 1]  # q, k, v, o, w1, w2, w3 per layer, and the output head
     assert manager.program.program.execution_plan[0].delegates, "the partitioner delegated nothing"
