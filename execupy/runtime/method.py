@@ -11,6 +11,7 @@ the steps and returns copies of the outputs.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -77,6 +78,7 @@ class Method:
     """An executable method of a Program. Create it with `Program.load_method(name)`."""
 
     def __init__(self, program, plan: P.ExecutionPlan):
+        started = time.perf_counter()
         self.program = program
         self.plan = plan
         self.name = plan.name
@@ -101,6 +103,21 @@ class Method:
         self._input_setters = [self._input_setter(k, i) for k, i in enumerate(plan.inputs)]
         for i in plan.outputs:
             self._check_index(i, "output")
+        self.steps_last_call = 0  # bound steps the last execute ran (see steps_per_call)
+        self.load_s = time.perf_counter() - started  # binding this method, for benchmarks
+
+    # ------------------------------------------------------------------ measurements
+
+    @property
+    def num_instructions(self) -> int:
+        """Instructions in the program's plan for this method."""
+        return len(self.plan.instructions)
+
+    @property
+    def steps_per_call(self) -> int:
+        """Bound steps one call runs: the plan's instructions as bound at load (fewer where
+        load-time work merged some), or, for a method with jumps, the count of its last call."""
+        return self.steps_last_call if self._has_jumps else len(self._steps)
 
     # ------------------------------------------------------------------ loading
 
@@ -479,7 +496,7 @@ class Method:
             # Kernels follow IEEE semantics (inf/NaN results), as ATen does: no warnings.
             with np.errstate(all="ignore"):
                 if self._has_jumps:
-                    self._run_with_jumps()
+                    self.steps_last_call = self._run_with_jumps()
                 else:
                     for pc, step in enumerate(self._steps):
                         step()
@@ -493,7 +510,8 @@ class Method:
             ) from e
         return [self._output(i) for i in self.plan.outputs]
 
-    def _run_with_jumps(self) -> None:
+    def _run_with_jumps(self) -> int:
+        """Run from pc 0 to the end, following jumps; returns the number of steps run."""
         steps, n = self._steps, len(self._steps)
         pc, budget = 0, self.max_steps_per_call
         while pc < n:
@@ -510,6 +528,7 @@ class Method:
                     f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}) failed: {type(e).__name__}: {e}"
                 ) from e
             pc = pc + 1 if dest is None else dest
+        return self.max_steps_per_call - budget
 
     def _output(self, i: int) -> Any:
         v = self.values[i]
