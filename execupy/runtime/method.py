@@ -1,6 +1,6 @@
 """Method: one execution plan, bound once at load and executed many times.
 
-Loading does all the work: it allocates one zeroed arena per memory id, turns every
+Loading does all the work: it maps one zeroed arena per memory id, turns every
 planned tensor into a numpy view of its arena (constants into views of the file),
 checks every index and size against the file, and resolves each instruction into a
 small closure ("step") holding its kernel and its arguments. Arguments that cannot
@@ -11,6 +11,7 @@ the steps and returns copies of the outputs.
 """
 from __future__ import annotations
 
+import mmap
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -65,6 +66,26 @@ def _expected_shape(shape: tuple[int, ...], t: P.Tensor) -> Optional[str]:
     if any(s > u for s, u in zip(shape, upper)):
         return f"at most {upper}, the upper bound the program was exported with"
     return None
+
+
+def _zeroed_arena(size: int) -> np.ndarray:
+    """Zeroed planned memory that becomes resident only where it is written.
+
+    Not np.zeros: numpy asks for transparent huge pages on large arrays, so the first write
+    into each KV cache (one 1.5 MiB cache per layer and head kind for SmolLM2 at 2048
+    context) would make a whole 2 MiB page resident, and a few prompt tokens would hold
+    the entire cache in memory. An anonymous map in small pages costs only what is written;
+    the kernel hands it out zeroed, which is the initial value of state the file does not
+    store (docs/format.md §7)."""
+    if size < _SMALL_ARENA:
+        return np.zeros(size, np.uint8)
+    memory = mmap.mmap(-1, size)
+    if hasattr(memory, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, np.uint8)
+
+
+_SMALL_ARENA = 1 << 20
 
 
 def _numel(sizes: Sequence[int]) -> int:
@@ -145,7 +166,7 @@ class Method:
             if size < 0:
                 raise MalformedProgramError(f"method {self.name!r}: negative planned buffer size {size}")
             self._budget(size, "planned memory")
-            arenas.append(np.zeros(size, np.uint8))
+            arenas.append(_zeroed_arena(size))
         return arenas
 
     def _budget(self, nbytes: int, what: str) -> None:
