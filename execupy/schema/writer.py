@@ -43,25 +43,14 @@ def align_up(x: int, alignment: int) -> int:
 # ---------------------------------------------------------------------------- public API
 
 
-def write_pte(
-    program: P.Program,
-    segment_data: Sequence[Segment],
-    *,
-    segment_alignment: int = 128,
-    constant_tensor_alignment: int = 16,
-    delegate_alignment: int = 16,
-) -> bytes:
+def write_pte(program: P.Program, segment_data: Sequence[Segment], **alignments: int) -> bytes:
     """Serialize `program` and its segments into the bytes of a `.pte` file.
 
     `segment_data[i]` holds the bytes of `program.segments[i]` (one bytes-like, or a list of
     them laid end to end); the offsets and sizes in `program.segments` are recomputed from it
-    (docs/format.md §5), the input is not modified.
-    `constant_tensor_alignment` / `delegate_alignment` are the `force_align` of the
-    inline constant buffers / inline delegate payloads (16 in the reference schema).
+    (docs/format.md §5), the input is not modified. `alignments` are write_pte_pieces'.
     """
-    return b"".join(write_pte_pieces(program, segment_data, segment_alignment=segment_alignment,
-                                     constant_tensor_alignment=constant_tensor_alignment,
-                                     delegate_alignment=delegate_alignment))
+    return b"".join(write_pte_pieces(program, segment_data, **alignments))
 
 
 def write_pte_pieces(
@@ -73,7 +62,10 @@ def write_pte_pieces(
     delegate_alignment: int = 16,
 ) -> list[BytesLike]:
     """write_pte's file as the list of pieces it is made of, in order, without joining them:
-    a file of weights is written from the weights' own memory, never copied whole."""
+    a file of weights is written from the weights' own memory, never copied whole.
+
+    `constant_tensor_alignment` / `delegate_alignment` are the `force_align` of the
+    inline constant buffers / inline delegate payloads (16 in the reference schema)."""
     segments, blob = _layout(segment_data, segment_alignment)
     program = dataclasses.replace(program, segments=segments)
     fb = _serialize(program, constant_tensor_alignment, delegate_alignment)
