@@ -191,3 +191,22 @@ def test_missing_method_and_not_a_program(case):
     with pytest.raises(MalformedProgramError, match="identifier"):
         Program.load(b"\x00" * 64)
     assert issubclass(MalformedProgramError, ExecupyError)
+
+
+@pytest.mark.parametrize("case", topic("cond"), ids=program_name)
+def test_a_method_reports_its_load_time_and_the_steps_each_call_runs(case):
+    # What a benchmark reads: load times, the instructions in the plan and those a call ran.
+    program = Program.load(case.pte)
+    method = program.load_method("forward")
+    assert program.load_s > 0 and method.load_s > 0
+    assert method.num_instructions == len(program.plan("forward").instructions)
+    positive, negative = np.ones((2, 4), np.float32), -np.ones((2, 4), np.float32)
+    ran = []
+    for x in (positive, negative):
+        method.execute([x])
+        ran.append(method.steps_per_call)
+    # A cond runs one branch and jumps over the other: each call runs fewer than all of them,
+    # and the two branches differ in length.
+    assert all(0 < n < method.num_instructions for n in ran) and ran[0] != ran[1]
+    plain = Program.load(topic("linear_relu")[-1].pte).load_method("forward")
+    assert plain.steps_per_call == plain.num_instructions  # no jumps: every instruction, every call

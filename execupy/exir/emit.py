@@ -52,10 +52,17 @@ def scalar_type(dtype: torch.dtype) -> int:
         raise ExportError(f"dtype {dtype} cannot be stored in a .pte program") from None
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    """Raw contiguous bytes of a real tensor, any dtype."""
+def tensor_bytes(t: torch.Tensor) -> Union[bytes, memoryview]:
+    """Raw contiguous bytes of a real tensor, any dtype: a view of its memory, not a copy
+    (the view keeps the memory alive; the writer copies it once, into the file)."""
     t = t.detach().cpu().contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else b""
+
+
+def _all_zeros(t: torch.Tensor) -> bool:
+    """Every bit zero (so -0.0 is not: its bytes are not zeros)."""
+    raw = t.detach().contiguous().reshape(-1)
+    return not raw.numel() or not bool(raw.view(torch.uint8).any())
 
 
 def treespec_json(spec: pytree.TreeSpec) -> str:
@@ -466,8 +473,12 @@ class MethodEmitter:
             target = spec.target
             tensor = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
             if spec.kind == InputKind.BUFFER and target in mutated:
-                # Mutable state: planned, alive for the whole program, initial value serialized (docs/format.md §7).
-                idx = self._tensor(tensor, planned=True, data_idx=self.mutable.add(tensor_bytes(tensor)))
+                # Mutable state: planned, alive for the whole program. Its initial value is
+                # serialized (docs/format.md §7) unless it is all zeros, as KV caches are:
+                # planned memory starts zeroed, so the file holds no zeros (a 1B model's
+                # caches at 8k context would be gigabytes of them).
+                data_idx = 0 if _all_zeros(tensor) else self.mutable.add(bytes(tensor_bytes(tensor)))
+                idx = self._tensor(tensor, planned=True, data_idx=data_idx)
                 self.storages[idx].touch(-1)
                 self.storages[idx].touch(mp.FOREVER)
                 buffer_values[target] = idx

@@ -5,6 +5,8 @@
 * `resolve_out_variant`: the out-variant kernel an ATen node runs as (docs/format.md §13):
   views become their `*_copy` op, casts and clones the `dim_order_ops` kernels, and
   every functional overload its `.out`-style sibling found by schema.
+* `fold_constant_transposes`: store a weight the graph only ever transposes already
+  transposed, so `nn.Linear` runs as one `mm` with no per-call copy of its weight.
 * `sym_upper_bound`: the largest value a symbolic size can take (docs/format.md §16).
 * `source_line` / `describe_node`: where a node came from, for error messages.
 """
@@ -209,6 +211,45 @@ def remove_noops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+# ---------------------------------------------------------------------------- constant folding
+
+_TRANSPOSES = {aten.permute.default, aten.t.default, aten.transpose.int}
+
+
+def fold_constant_transposes(ep: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
+    """Replace each constant that the graph only reads through one transpose by the
+    transposed constant (in place; returns ep).
+
+    Core ATen writes ``nn.Linear`` as ``mm(x, permute(W))``, which a runtime runs as a copy of
+    the whole weight on every call. Folded, the file stores W already transposed and the
+    call is one ``mm``. A constant with other readers (an embedding tied to the output
+    head) is left alone: folding it would store the weight twice. Mutable buffers and
+    weights absorbed into a delegate are not touched."""
+    sig = ep.graph_signature
+    targets = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    mutated = set(sig.buffers_to_mutate.values())
+    graph = ep.graph_module.graph
+    for node in list(graph.nodes):
+        target = targets.get(node.name) if node.op == "placeholder" else None
+        if target is None or target in mutated or len(node.users) != 1:
+            continue
+        (user,) = node.users
+        if user.op != "call_function" or user.target not in _TRANSPOSES or user.args[0] is not node:
+            continue
+        store = ep.state_dict if target in ep.state_dict else ep.constants
+        if target not in store:
+            continue
+        folded = user.target(store[target].detach(), *user.args[1:]).contiguous()
+        store[target] = torch.nn.Parameter(folded, requires_grad=False) if isinstance(
+            store[target], torch.nn.Parameter) else folded
+        node.meta["val"] = user.meta["val"]
+        user.replace_all_uses_with(node)
+        graph.erase_node(user)
+    graph.lint()
+    ep.graph_module.recompile()
+    return ep
+
+
 # ---------------------------------------------------------------------------- symbolic sizes
 
 
@@ -278,5 +319,6 @@ def unsupported(node: torch.fx.Node, why: str) -> ExportError:
 
 __all__ = [
     "ASSERT_OPS", "SYM_OPS", "OutVariant", "TO_DIM_ORDER_COPY", "CLONE_DIM_ORDER",
-    "resolve_out_variant", "kernel_key", "remove_noops", "sym_upper_bound", "source_line", "unsupported",
+    "resolve_out_variant", "kernel_key", "remove_noops", "fold_constant_transposes", "sym_upper_bound",
+    "source_line", "unsupported",
 ]

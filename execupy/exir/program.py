@@ -161,7 +161,7 @@ class ExecutorchProgramManager:
                  config: ExecutorchBackendConfig, programs: dict[str, ExportedProgram],
                  summary: dict[str, tuple[int, int]], payloads: Sequence[bytes] = (),
                  debug: Optional[DebugMaps] = None):
-        from ..schema.writer import pack_constants, pack_mutable_data, write_pte
+        from ..schema.writer import pack_pieces, write_pte_pieces
 
         debug = debug or DebugMaps()
         # Devtools maps, as ExecuTorch's manager has them (generate_etrecord writes them):
@@ -174,12 +174,14 @@ class ExecutorchProgramManager:
         self.node_info = debug.node_info
         self._programs = programs
         self._summary = summary
-        const_bytes, const_offsets = pack_constants(constants.blobs, config.constant_tensor_alignment)
-        segments = [const_bytes]
+        # Segments are kept as pieces (the weights' own memory and the padding between them):
+        # save() writes them one after the other, and only `buffer` joins them.
+        const_pieces, const_offsets = pack_pieces(constants.blobs, config.constant_tensor_alignment)
+        segments: list = [const_pieces]
         program.constant_segment = P.SubsegmentOffsets(segment_index=0, offsets=const_offsets)
         if mutable.blobs:
-            mut_bytes, mut_offsets = pack_mutable_data(mutable.blobs)
-            segments.append(mut_bytes)
+            mut_pieces, mut_offsets = pack_pieces(mutable.blobs, 1)
+            segments.append(mut_pieces)
             program.mutable_data_segments = [P.SubsegmentOffsets(segment_index=1, offsets=mut_offsets)]
         # Delegate payloads follow, one segment each: the emitter's index becomes a segment index.
         first_payload = len(segments)
@@ -188,11 +190,15 @@ class ExecutorchProgramManager:
             for d in plan.delegates:
                 d.processed.index += first_payload
         self.program = program
-        self._buffer = write_pte(program, segments, segment_alignment=config.segment_alignment,
-                                 constant_tensor_alignment=config.constant_tensor_alignment)
+        self._pieces = write_pte_pieces(program, segments, segment_alignment=config.segment_alignment,
+                                        constant_tensor_alignment=config.constant_tensor_alignment)
+        self._buffer: Optional[bytes] = None
 
     @property
     def buffer(self) -> bytes:
+        """The whole .pte in memory (joined on first use; save() does not need it)."""
+        if self._buffer is None:
+            self._buffer = b"".join(self._pieces)
         return self._buffer
 
     @property
@@ -202,12 +208,21 @@ class ExecutorchProgramManager:
     def exported_program(self, method_name: str = "forward") -> ExportedProgram:
         return self._programs[method_name]
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write the .pte; an interrupted save leaves the previous file at `path` as it was."""
-        atomic_write(path, self._buffer)
+    @property
+    def nbytes(self) -> int:
+        """The size of the .pte file."""
+        return sum(memoryview(piece).nbytes for piece in self._pieces)
 
-    def write_to_file(self, f) -> None:
-        f.write(self._buffer)
+    def save(self, path: Union[str, os.PathLike], on_write: Optional[Callable[[int], None]] = None) -> None:
+        """Write the .pte; an interrupted save leaves the previous file at `path` as it was.
+        ``on_write(n)`` hears of every n bytes written (a progress bar)."""
+        atomic_write(path, lambda f: self.write_to_file(f, on_write))
+
+    def write_to_file(self, f, on_write: Optional[Callable[[int], None]] = None) -> None:
+        for piece in self._pieces:
+            f.write(piece)
+            if on_write is not None:
+                on_write(memoryview(piece).nbytes)
 
     def plan_summary(self) -> dict[str, dict[str, int]]:
         """Per method: planned arena bytes and the naive sum of every planned tensor."""

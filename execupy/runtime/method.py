@@ -1,6 +1,6 @@
 """Method: one execution plan, bound once at load and executed many times.
 
-Loading does all the work: it allocates one zeroed arena per memory id, turns every
+Loading does all the work: it maps one zeroed arena per memory id, turns every
 planned tensor into a numpy view of its arena (constants into views of the file),
 checks every index and size against the file, and resolves each instruction into a
 small closure ("step") holding its kernel and its arguments. Arguments that cannot
@@ -11,6 +11,8 @@ the steps and returns copies of the outputs.
 """
 from __future__ import annotations
 
+import mmap
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -66,6 +68,26 @@ def _expected_shape(shape: tuple[int, ...], t: P.Tensor) -> Optional[str]:
     return None
 
 
+def _zeroed_arena(size: int) -> np.ndarray:
+    """Zeroed planned memory that becomes resident only where it is written.
+
+    Not np.zeros: numpy asks for transparent huge pages on large arrays, so the first write
+    into each KV cache (one 1.5 MiB cache per layer and head kind for SmolLM2 at 2048
+    context) would make a whole 2 MiB page resident, and a few prompt tokens would hold
+    the entire cache in memory. An anonymous map in small pages costs only what is written;
+    the kernel hands it out zeroed, which is the initial value of state the file does not
+    store (docs/format.md §7)."""
+    if size < _SMALL_ARENA:
+        return np.zeros(size, np.uint8)
+    memory = mmap.mmap(-1, size)
+    if hasattr(memory, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, np.uint8)
+
+
+_SMALL_ARENA = 1 << 20
+
+
 def _numel(sizes: Sequence[int]) -> int:
     n = 1
     for s in sizes:
@@ -77,6 +99,7 @@ class Method:
     """An executable method of a Program. Create it with `Program.load_method(name)`."""
 
     def __init__(self, program, plan: P.ExecutionPlan, event_tracer=None):
+        started = time.perf_counter()
         self.program = program
         self.plan = plan
         self.event_tracer = event_tracer  # handed to delegates at init, for their own events
@@ -102,6 +125,21 @@ class Method:
         self._input_setters = [self._input_setter(k, i) for k, i in enumerate(plan.inputs)]
         for i in plan.outputs:
             self._check_index(i, "output")
+        self.steps_last_call = 0  # bound steps the last execute ran (see steps_per_call)
+        self.load_s = time.perf_counter() - started  # binding this method, for benchmarks
+
+    # ------------------------------------------------------------------ measurements
+
+    @property
+    def num_instructions(self) -> int:
+        """Instructions in the program's plan for this method."""
+        return len(self.plan.instructions)
+
+    @property
+    def steps_per_call(self) -> int:
+        """Bound steps one call runs: the plan's instructions as bound at load (fewer where
+        load-time work merged some), or, for a method with jumps, the count of its last call."""
+        return self.steps_last_call if self._has_jumps else len(self._steps)
 
     # ------------------------------------------------------------------ loading
 
@@ -129,7 +167,7 @@ class Method:
             if size < 0:
                 raise MalformedProgramError(f"method {self.name!r}: negative planned buffer size {size}")
             self._budget(size, "planned memory")
-            arenas.append(np.zeros(size, np.uint8))
+            arenas.append(_zeroed_arena(size))
         return arenas
 
     def _budget(self, nbytes: int, what: str) -> None:
@@ -480,7 +518,7 @@ class Method:
             # Kernels follow IEEE semantics (inf/NaN results), as ATen does: no warnings.
             with np.errstate(all="ignore"):
                 if self._has_jumps:
-                    self._run_with_jumps()
+                    self.steps_last_call = self._run_with_jumps()
                 else:
                     for pc, step in enumerate(self._steps):
                         step()
@@ -494,7 +532,8 @@ class Method:
             ) from e
         return [self._output(i) for i in self.plan.outputs]
 
-    def _run_with_jumps(self) -> None:
+    def _run_with_jumps(self) -> int:
+        """Run from pc 0 to the end, following jumps; returns the number of steps run."""
         steps, n = self._steps, len(self._steps)
         pc, budget = 0, self.max_steps_per_call
         while pc < n:
@@ -511,6 +550,7 @@ class Method:
                     f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}) failed: {type(e).__name__}: {e}"
                 ) from e
             pc = pc + 1 if dest is None else dest
+        return self.max_steps_per_call - budget
 
     def _output(self, i: int) -> Any:
         v = self.values[i]

@@ -29,6 +29,7 @@ from . import program as P
 from .reader import FILE_IDENTIFIER, HEADER_MAGIC
 
 BytesLike = Union[bytes, bytearray, memoryview]
+Segment = Union[BytesLike, list]  # a segment's bytes, or the pieces they are made of, in order
 
 # The extended header the reference writes: magic, length, program_size,
 # segment_base_offset, segment_data_size (docs/format.md §4).
@@ -42,46 +43,60 @@ def align_up(x: int, alignment: int) -> int:
 # ---------------------------------------------------------------------------- public API
 
 
-def write_pte(
+def write_pte(program: P.Program, segment_data: Sequence[Segment], **alignments: int) -> bytes:
+    """Serialize `program` and its segments into the bytes of a `.pte` file.
+
+    `segment_data[i]` holds the bytes of `program.segments[i]` (one bytes-like, or a list of
+    them laid end to end); the offsets and sizes in `program.segments` are recomputed from it
+    (docs/format.md §5), the input is not modified. `alignments` are write_pte_pieces'.
+    """
+    return b"".join(write_pte_pieces(program, segment_data, **alignments))
+
+
+def write_pte_pieces(
     program: P.Program,
-    segment_data: Sequence[BytesLike],
+    segment_data: Sequence[Segment],
     *,
     segment_alignment: int = 128,
     constant_tensor_alignment: int = 16,
     delegate_alignment: int = 16,
-) -> bytes:
-    """Serialize `program` and its segments into the bytes of a `.pte` file.
+) -> list[BytesLike]:
+    """write_pte's file as the list of pieces it is made of, in order, without joining them:
+    a file of weights is written from the weights' own memory, never copied whole.
 
-    `segment_data[i]` holds the bytes of `program.segments[i]`; the offsets and sizes
-    in `program.segments` are recomputed from it (docs/format.md §5), the input is not modified.
     `constant_tensor_alignment` / `delegate_alignment` are the `force_align` of the
-    inline constant buffers / inline delegate payloads (16 in the reference schema).
-    """
-    segments, blob = layout_segments(segment_data, segment_alignment)
+    inline constant buffers / inline delegate payloads (16 in the reference schema)."""
+    segments, blob = _layout(segment_data, segment_alignment)
     program = dataclasses.replace(program, segments=segments)
     fb = _serialize(program, constant_tensor_alignment, delegate_alignment)
     if not blob:
-        return fb  # no segment bytes: no extended header (docs/format.md §4)
+        return [fb]  # no segment bytes: no extended header (docs/format.md §4)
     max_align = max(16, constant_tensor_alignment, delegate_alignment)
     return _splice_header(fb, blob, max_align, segment_alignment)
 
 
 def layout_segments(
-    segment_data: Sequence[BytesLike], segment_alignment: int = 128
+    segment_data: Sequence[Segment], segment_alignment: int = 128
 ) -> tuple[list[P.DataSegment], bytes]:
     """Place segments one after the other, each at align_up(end, segment_alignment).
 
     Returns the DataSegment list (offsets relative to the segment base) and the bytes
     from the segment base to the end of the last segment (gaps zero-filled).
     """
+    segments, pieces = _layout(segment_data, segment_alignment)
+    return segments, b"".join(pieces)
+
+
+def _layout(segment_data: Sequence[Segment], segment_alignment: int) -> tuple[list[P.DataSegment], list[BytesLike]]:
     segments, pieces, end = [], [], 0
     for data in segment_data:
-        size = memoryview(data).nbytes
+        parts = data if isinstance(data, list) else [data]
+        size = sum(memoryview(part).nbytes for part in parts)
         start = align_up(end, segment_alignment)
-        pieces += [bytes(start - end), data]  # joined once below: large weights are copied once
+        pieces += [bytes(start - end), *parts]
         segments.append(P.DataSegment(offset=start, size=size))
         end = start + size
-    return segments, b"".join(pieces)
+    return segments, [piece for piece in pieces if memoryview(piece).nbytes]
 
 
 def pack_constants(blobs: Sequence[BytesLike], alignment: int = 16) -> tuple[bytes, list[int]]:
@@ -91,43 +106,49 @@ def pack_constants(blobs: Sequence[BytesLike], alignment: int = 16) -> tuple[byt
     multiple of `alignment` (none after the last). Returns the segment bytes and the
     `SubsegmentOffsets.offsets` list, whose entry 0 is the reserved placeholder (0).
     """
-    return _pack(blobs, alignment)
+    pieces, offsets = pack_pieces(blobs, alignment)
+    return b"".join(pieces), offsets
 
 
 def pack_mutable_data(blobs: Sequence[BytesLike]) -> tuple[bytes, list[int]]:
     """The mutable-data segment (docs/format.md §7): like pack_constants but with no padding at all."""
-    return _pack(blobs, 1)
+    pieces, offsets = pack_pieces(blobs, 1)
+    return b"".join(pieces), offsets
 
 
-def _pack(blobs: Sequence[BytesLike], alignment: int) -> tuple[bytes, list[int]]:
-    out = bytearray()
+def pack_pieces(blobs: Sequence[BytesLike], alignment: int) -> tuple[list[BytesLike], list[int]]:
+    """pack_constants (or, with alignment 1, pack_mutable_data) as a list of pieces: the blobs
+    themselves and the padding between them, for write_pte_pieces."""
+    pieces: list[BytesLike] = []
     offsets = [0]  # entry 0: the reserved empty placeholder
+    end = 0
     for data in blobs:
         # Padding goes before an entry, i.e. only between entries.
-        out += bytes(align_up(len(out), alignment) - len(out))
-        offsets.append(len(out))
-        out += data
-    return bytes(out), offsets
+        start = align_up(end, alignment)
+        if start > end:
+            pieces.append(bytes(start - end))
+        offsets.append(start)
+        pieces.append(data)
+        end = start + memoryview(data).nbytes
+    return pieces, offsets
 
 
 # ---------------------------------------------------------------------------- file layout
 
 
-def _splice_header(fb: bytes, blob: bytes, max_align: int, segment_alignment: int) -> bytes:
+def _splice_header(fb: bytes, blob: list[BytesLike], max_align: int, segment_alignment: int) -> list[BytesLike]:
     """Insert the eh00 header after the flatbuffer preamble and append the segments (docs/format.md §4)."""
     hdr_len = align_up(_HEADER_LENGTH, max_align)
     program_size = len(fb) + hdr_len
     base = align_up(program_size, segment_alignment)
     (root,) = struct.unpack_from("<I", fb, 0)
-    header = HEADER_MAGIC + struct.pack("<IQQQ", _HEADER_LENGTH, program_size, base, len(blob))
-    return b"".join([
-        struct.pack("<I", root + hdr_len),
-        fb[4:8],
-        header.ljust(hdr_len, b"\0"),
-        fb[8:],
-        bytes(base - program_size),
-        blob,
-    ])
+    blob_size = sum(memoryview(piece).nbytes for piece in blob)
+    header = HEADER_MAGIC + struct.pack("<IQQQ", _HEADER_LENGTH, program_size, base, blob_size)
+    return [
+        struct.pack("<I", root + hdr_len) + fb[4:8] + header.ljust(hdr_len, b"\0") + fb[8:]
+        + bytes(base - program_size),
+        *blob,
+    ]
 
 
 def _serialize(program: P.Program, constant_alignment: int, delegate_alignment: int) -> bytes:

@@ -38,8 +38,20 @@ def test_linear_is_permute_then_addmm_with_out_twice():
     assert plan.non_const_buffer_sizes[0] == 0 and plan.non_const_buffer_sizes[1] > 0
 
 
+class Accumulator(nn.Module):
+    """State that starts at a value other than zero."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.full((1,), 10.0))
+
+    def forward(self, x):
+        self.total.add_(1)
+        return x * self.total
+
+
 def test_mutable_buffer_is_planned_and_written_back_last():
-    program, plan = emitted(zoo.Counter(), (torch.randn(2, 3),))
+    program, plan = emitted(Accumulator(), (torch.randn(2, 3),))
     *_, (key, args) = kernel_calls(plan)
     assert key == "aten::copy_"
     buf, _, non_blocking, ret = args
@@ -48,6 +60,59 @@ def test_mutable_buffer_is_planned_and_written_back_last():
     assert state.allocation_info is not None and state.data_buffer_idx == 1  # initial value kept (docs/format.md §7)
     assert program.mutable_data_segments[0].segment_index == 1
     assert buf not in plan.inputs and buf not in plan.outputs
+
+
+def test_state_that_starts_at_zero_is_planned_memory_not_file_data():
+    from execupy.runtime import Module
+
+    x = torch.randn(2, 3)
+    prog = to_edge(export(zoo.Counter(), (x,))).to_executorch()
+    program = read_pte(prog.buffer).program
+    plan = program.execution_plan[0]
+    *_, (_, args) = kernel_calls(plan)
+    state = plan.values[args[0]]
+    assert state.allocation_info is not None and state.data_buffer_idx == 0  # no bytes in the file
+    assert not program.mutable_data_segments and len(program.segments) == 1  # no mutable-data segment
+    module = Module(prog.buffer)  # planned memory starts zeroed, so the count starts at 0
+    for count in (1, 2, 3):
+        torch.testing.assert_close(torch.from_numpy(module.forward(x.numpy())), x * count)
+
+
+def test_weights_read_only_through_a_transpose_are_stored_transposed():
+    from execupy.exir.passes import fold_constant_transposes
+    from execupy.runtime import Module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3, bias=False), nn.ReLU(), nn.Linear(3, 5))
+    x = torch.randn(2, 4)
+    prog = to_edge(export(model, (x,))).transform([fold_constant_transposes]).to_executorch()
+    plan = read_pte(prog.buffer).program.execution_plan[0]
+    assert [k for k, _ in kernel_calls(plan)] == ["aten::mm.out", "aten::relu.out", "aten::addmm.out"]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(Module(prog.buffer).forward(x.numpy())), model(x))
+
+
+class TiedHead(nn.Module):
+    """An embedding table that is also the output projection (tied weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(7, 4)
+        self.head = nn.Linear(4, 7, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.embed(tokens))
+
+
+def test_a_weight_read_another_way_too_is_not_stored_twice():
+    from execupy.exir.passes import fold_constant_transposes
+
+    tokens = torch.tensor([1, 5, 2])
+    prog = to_edge(export(TiedHead(), (tokens,))).transform([fold_constant_transposes]).to_executorch()
+    plan = read_pte(prog.buffer).program.execution_plan[0]
+    assert "aten::permute_copy.out" in [k for k, _ in kernel_calls(plan)]  # left alone: still one table
+    assert len({v.data_buffer_idx for v in plan.values if isinstance(v, P.Tensor) and v.data_buffer_idx > 0}) == 1
 
 
 class InPlaceCache(nn.Module):

@@ -22,6 +22,7 @@ from execupy.llm.loaders import load_checkpoint
 from execupy.llm.export.models import Transformer, greedy_generate
 from execupy.llm.runner import ContextLengthError, LLMRunner
 from execupy.llm.sampler import SamplerConfig
+from execupy.schema import program as P
 from tests.llm import tiny
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -92,6 +93,23 @@ def _operators(pte: Path) -> set[str]:
     return {op.name for op in plan.operators}
 
 
+def test_program_is_lean_one_mm_per_linear_and_no_cache_bytes_in_the_file(exported):
+    from execupy.schema.reader import read_pte
+
+    result, eager = exported
+    program = read_pte(result.pte_path.read_bytes()).program
+    plan = next(p for p in program.execution_plan if p.name == "forward")
+    ops = [plan.operators[i.op_index].name for i in plan.chains[0].instructions]
+    linears = sum(isinstance(m, torch.nn.Linear) for m in eager.modules())
+    # Every linear is one mm against a weight stored transposed: nothing copies or transposes a weight.
+    assert ops.count("aten::mm") == linears and "aten::permute_copy" not in ops and "aten::addmm" not in ops
+    # The KV caches start as zeroed planned memory: no initial values in the file.
+    assert not program.mutable_data_segments
+    caches = [v for v in plan.values if isinstance(v, P.Tensor) and v.allocation_info is not None
+              and list(v.sizes) == [1, MAX_SEQ_LEN, eager.config.n_kv_heads, eager.config.head_dim]]
+    assert len(caches) == 2 * eager.config.n_layers and all(c.data_buffer_idx == 0 for c in caches)
+
+
 def test_kv_cache_is_written_in_place_by_the_custom_ops(exported, tmp_path):
     result, _ = exported
     ops = _operators(result.pte_path)
@@ -107,7 +125,7 @@ def test_kv_cache_is_written_in_place_by_the_custom_ops(exported, tmp_path):
 def test_export_manager_runs_the_stages_a_user_chains(exported, tmp_path):
     from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
     from execupy.errors import ExportError
-    from execupy.llm.export import LLMExportManager, weight_first_linears
+    from execupy.llm.export import LLMExportManager
 
     result, eager = exported
     seen = []
@@ -123,7 +141,7 @@ def test_export_manager_runs_the_stages_a_user_chains(exported, tmp_path):
     with pytest.raises(ValueError, match="not supported yet"):
         manager.set_dtype("int3")
     manager = (manager.set_output_dir(tmp_path / "out").set_dtype("fp32")
-               .source_transform([count_linears, weight_first_linears]).export().to_edge()
+               .source_transform([count_linears]).export().to_edge()
                .to_backend([NumpyFusedPartitioner()]).to_executorch())
     assert seen == [2 * 7 + 1]  # q, k, v, o, w1, w2, w3 per layer, and the output head
     assert manager.program.program.execution_plan[0].delegates, "the partitioner delegated nothing"
@@ -229,9 +247,12 @@ def test_cli_generate_prints_only_text_on_stdout(exported, capsys):
 def test_cli_export_llm_writes_program_and_tokenizer(exported, tmp_path, capsys):
     result, _ = exported
     hf_folder = result.pte_path.parent / "hf"
-    rc = cli_main(["export-llm", "--hf", str(hf_folder), "--max-seq-len", "16", "-o", str(tmp_path / "m.pte")])
+    rc = cli_main(["export-llm", "--hf", str(hf_folder), "--max-seq-len", "16", "--progress",
+                   "-o", str(tmp_path / "m.pte")])
     out, err = capsys.readouterr()
     assert rc == 0 and out == "" and "wrote" in err  # progress goes to stderr
+    for stage in ("loading", "capturing", "lowering", "emitting", "writing"):  # --progress: a bar per stage
+        assert f"{stage}: done in" in err
     runner = LLMRunner(tmp_path / "m.pte")
     assert (tmp_path / "m.tokenizer.json").is_file() and runner.meta.max_seq_len == 16
 

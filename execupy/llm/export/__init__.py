@@ -9,5 +9,4 @@ from .manager import (  # noqa: F401
     LLMExportManager,
     export_llm,
     tokenizer_path_for,
-    weight_first_linears,
 )

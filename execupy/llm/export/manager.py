@@ -34,6 +34,7 @@ from execupy.errors import ExecupyError, ExportError
 from execupy.llm.config import EXPORT_DTYPES
 from execupy.llm.loaders import load_checkpoint
 from execupy.llm.export.models import Transformer
+from execupy.progress import ProgressBar
 
 Progress = Callable[[str], None]
 
@@ -80,6 +81,7 @@ def export_llm(
     dtype: str = "fp32",
     progress: Optional[Progress] = None,
     custom_ops: bool = True,
+    progress_bar: Optional[bool] = False,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
     and its tokenizer: every stage of LLMExportManager in order. ``progress`` receives
@@ -87,13 +89,14 @@ def export_llm(
 
     ``custom_ops`` (the default) updates and attends the KV cache in place with
     ``llama::update_cache`` / ``llama::custom_sdpa``; ``custom_ops=False`` writes the
-    program in core ATen ops only, which ExecuTorch's stock runtime loads as well."""
+    program in core ATen ops only, which ExecuTorch's stock runtime loads as well.
+    ``progress_bar`` draws a bar per long stage on stderr (None: only on a terminal)."""
     _check_dtype(dtype)  # before the (slow) load, not after
     output_path = Path(output_path)
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
-                                               progress=progress)
-    return (manager.set_output_dir(output_path.parent).set_dtype(dtype).source_transform([weight_first_linears])
+                                               progress=progress, progress_bar=progress_bar)
+    return (manager.set_output_dir(output_path.parent).set_dtype(dtype)
             .export().to_edge().to_executorch().save(output_path.name))
 
 
@@ -102,7 +105,7 @@ class LLMExportManager:
 
         manager = (LLMExportManager.from_checkpoint("model.gguf", max_seq_len=512)
                    .set_output_dir("out").set_dtype("fp32")
-                   .source_transform([weight_first_linears])   # any nn.Module -> nn.Module
+                   .source_transform([my_transform])           # any nn.Module -> nn.Module
                    .export()                                   # torch.export, T dynamic
                    .to_edge()                                  # core ATen + metadata methods
                    .to_backend([NumpyFusedPartitioner()])      # optional (backends.numpy_fused.aot)
@@ -114,7 +117,7 @@ class LLMExportManager:
     """
 
     def __init__(self, model: Transformer, tokenizer: object | None = None, max_prefill_len: int | None = None,
-                 progress: Optional[Progress] = None) -> None:
+                 progress: Optional[Progress] = None, progress_bar: Optional[bool] = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_prefill_len = min(max_prefill_len or DEFAULT_MAX_PREFILL, model.max_seq_len)
@@ -124,21 +127,24 @@ class LLMExportManager:
         self.edge = None  # execupy.exir.EdgeProgramManager
         self.program = None  # execupy.exir.ExecutorchProgramManager
         self._say = progress or (lambda _msg: None)
+        self._bar = ProgressBar(enabled=progress_bar)
         self._t0 = time.perf_counter()
 
     @classmethod
     def from_checkpoint(cls, checkpoint_path: str | os.PathLike, max_seq_len: int | None = None,
                         max_prefill_len: int | None = None, custom_ops: bool = True,
-                        progress: Optional[Progress] = None) -> "LLMExportManager":
+                        progress: Optional[Progress] = None, progress_bar: Optional[bool] = False
+                        ) -> "LLMExportManager":
         """Load weights and tokenizer from a .gguf file, an HF folder or a Meta folder."""
         say = progress or (lambda _msg: None)
         t0 = time.perf_counter()
         say(f"loading {checkpoint_path}")
-        config, state = load_checkpoint(checkpoint_path)
-        tokenizer = _load_tokenizer_or_none(checkpoint_path, say)
-        model = Transformer.from_state_dict(config, state, max_seq_len=max_seq_len, use_kv_cache=True,
-                                            last_logits_only=True, use_custom_ops=custom_ops)
-        manager = cls(model, tokenizer, max_prefill_len, progress)
+        with ProgressBar(enabled=progress_bar).stage("loading"):
+            config, state = load_checkpoint(checkpoint_path)
+            tokenizer = _load_tokenizer_or_none(checkpoint_path, say)
+            model = Transformer.from_state_dict(config, state, max_seq_len=max_seq_len, use_kv_cache=True,
+                                                last_logits_only=True, use_custom_ops=custom_ops)
+        manager = cls(model, tokenizer, max_prefill_len, progress, progress_bar)
         manager._t0 = t0
         say(f"model: {config.arch}, {config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}; "
             f"context {model.max_seq_len}, prefill up to {manager.max_prefill_len} tokens, "
@@ -168,7 +174,14 @@ class LLMExportManager:
 
     def export(self) -> "LLMExportManager":
         self._say("capturing with torch.export")
-        self.exported = _capture(self.model, self.max_prefill_len)
+        layers = list(getattr(self.model, "layers", ()))
+        with self._bar.stage("capturing", total=len(layers) or None) as bar:
+            hooks = [layer.register_forward_hook(lambda *_: bar.advance()) for layer in layers]
+            try:
+                self.exported = _capture(self.model, self.max_prefill_len)
+            finally:
+                for hook in hooks:
+                    hook.remove()
         return self
 
     def to_edge(self) -> "LLMExportManager":
@@ -177,7 +190,8 @@ class LLMExportManager:
 
         self._say("lowering to the edge dialect")
         methods = constant_methods(self.model, self.max_prefill_len, self.tokenizer)
-        self.edge = to_edge(self.exported, constant_methods=methods)
+        with self._bar.stage("lowering"):
+            self.edge = to_edge(self.exported, constant_methods=methods)
         return self
 
     def to_backend(self, partitioners: Sequence[object]) -> "LLMExportManager":
@@ -189,9 +203,14 @@ class LLMExportManager:
         return self
 
     def to_executorch(self) -> "LLMExportManager":
+        """Plan memory and emit. Weights the graph only reads transposed (every linear's,
+        outside a delegate) are stored transposed first, so each linear is one mm."""
+        from execupy.exir.passes import fold_constant_transposes
+
         self._require(self.edge is not None, "to_executorch", "after to_edge()")
         self._say("planning memory and emitting the program")
-        self.program = self.edge.to_executorch()
+        with self._bar.stage("emitting"):
+            self.program = self.edge.transform([fold_constant_transposes]).to_executorch()
         return self
 
     def save(self, filename: str | os.PathLike = "model.pte") -> ExportResult:
@@ -207,7 +226,8 @@ class LLMExportManager:
             tok_path = tokenizer_path_for(path, self.tokenizer)
             self.tokenizer.save(tok_path)
             self._say(f"wrote {tok_path}")
-        self.program.save(path)
+        with self._bar.stage("writing", total=self.program.nbytes) as bar:
+            self.program.save(path, on_write=bar.advance)
         self._say(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
         return ExportResult(path, tok_path, self.model.max_seq_len, self.max_prefill_len,
                             time.perf_counter() - self._t0)
@@ -227,34 +247,6 @@ def _capture(model: Transformer, max_prefill_len: int) -> torch.export.ExportedP
     seq = torch.export.Dim("seq_len", min=1, max=max_prefill_len)
     with torch.no_grad():
         return torch.export.export(model, example, dynamic_shapes=({1: seq}, None))
-
-
-class _WeightFirstLinear(torch.nn.Module):
-    """``y = (W @ x^T)^T (+ b)``: the same function as nn.Linear, captured so that the
-    transpose falls on the (small) activations instead of the weight. Exported as is,
-    nn.Linear becomes permute_copy(W) + mm, and the runtime would copy every weight matrix
-    (the whole model) on every call."""
-
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.weight = linear.weight  # the same Parameter: tied weights stay tied
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])  # [N, in]
-        y = (self.weight @ rows.transpose(0, 1)).transpose(0, 1)  # [N, out]
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.weight.shape[0])
-
-
-def weight_first_linears(model: torch.nn.Module) -> torch.nn.Module:
-    """Source transform: every nn.Linear becomes a _WeightFirstLinear (in place; returns model)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(parent, name, _WeightFirstLinear(child))
-    return model
 
 
 def constant_methods(model: Transformer, max_prefill_len: int, tokenizer: object | None) -> dict:

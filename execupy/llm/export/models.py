@@ -14,12 +14,16 @@ place (``cache[:, positions] = k``, an index_put_), so ``torch.export`` sees mut
 buffers; one call can prefill T tokens or decode one. Attention then runs over the whole
 cache with a causal mask row per query position, which keeps every shape static except T
 (no data-dependent slicing) and every op in core ATen: the form any ExecuTorch runtime
-loads. With ``use_custom_ops=True`` the cache is instead written and read in place by
+loads. Inside, activations are 2-D ``[T, dim]`` (batch 1), so every linear is one
+``mm`` (or ``addmm``) and the only reshapes are the four per attention layer that give the
+heads their own axis and take it away again. With ``use_custom_ops=True`` the cache is instead written and read in place by
 ``llama::update_cache`` and ``llama::custom_sdpa`` (execupy.llm.export.custom_ops), which attend
 to the filled slots only: the fast form. With ``use_kv_cache=False`` the model is the
 plain full-sequence forward, the independent reference for the cached ones.
 
-RoPE is the HF half rotation; loaders permute Meta/GGUF q/k weights to it.
+RoPE is the HF half rotation; loaders permute Meta/GGUF q/k weights to it. It is written
+``x * cos + swap_halves(x) * sin`` with tables that already hold both halves (and the
+sign), looked up once per call, so each rotation is two slices, a cat, two muls and an add.
 """
 
 from __future__ import annotations
@@ -59,13 +63,19 @@ def rope_tables(config: ModelConfig, max_seq_len: int) -> tuple[torch.Tensor, to
     return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
 
 
+def rope_rotation_tables(config: ModelConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [max_seq_len, head_dim] tables apply_rope multiplies by: (cos, cos) and (-sin, sin)."""
+    cos, sin = rope_tables(config, max_seq_len)
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half rotation: the pair (x[i], x[i + d/2]) is rotated by angle i. x: [B, T, H, D]; cos/sin: [T, D/2]."""
+    """Half rotation: the pair (x[i], x[i + d/2]) is rotated by angle i.
+
+    x: [1, T, H, D]; cos, sin: [1, T, 1, D] rows of rope_rotation_tables (sin signed)."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos = cos[None, :, None, :].to(x.dtype)
-    sin = sin[None, :, None, :].to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + swapped * sin
 
 
 class Attention(nn.Module):
@@ -92,10 +102,10 @@ class Attention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor,
         sin: torch.Tensor, start_pos: int | None = None,
     ) -> torch.Tensor:
-        bsz, seqlen, _ = x.shape
-        q = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
-        k = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        seqlen = x.shape[0]  # x: [T, dim]
+        q = self.wq(x).view(1, seqlen, self.n_heads, self.head_dim)
+        k = self.wk(x).view(1, seqlen, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(1, seqlen, self.n_kv_heads, self.head_dim)
         if self.use_rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.use_custom_ops:
@@ -108,7 +118,7 @@ class Attention(nn.Module):
                 self.v_cache[:, positions] = v
                 k, v = self.k_cache, self.v_cache
             out = attention(q, k, v, mask)
-        return self.wo(out.reshape(bsz, seqlen, self.n_heads * self.head_dim))
+        return self.wo(out.reshape(seqlen, self.n_heads * self.head_dim))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -199,21 +209,42 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         if not use_custom_ops:  # custom_sdpa masks by position itself
-            mask = torch.full((self.max_seq_len, self.max_seq_len), float("-inf")).triu(1)
-            self.register_buffer("causal_mask", mask, persistent=False)
+            self.register_buffer("causal_mask", torch.empty(self.max_seq_len, self.max_seq_len), persistent=False)
         if config.arch != "gpt2":
-            cos, sin = rope_tables(config, self.max_seq_len)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.register_buffer("rope_cos", torch.empty(self.max_seq_len, config.head_dim), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(self.max_seq_len, config.head_dim), persistent=False)
+        if not self.tok_embeddings.weight.is_meta:
+            self._fill_buffers()
 
     @classmethod
     def from_state_dict(cls, config: ModelConfig, state: dict[str, np.ndarray], **kwargs) -> "Transformer":
-        """Build a model and load a canonical numpy state dict (from any loader) into it."""
-        model = cls(config, **kwargs)
-        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
+        """Build a model and load a canonical numpy state dict (from any loader) into it.
+
+        The model is built on the meta device and the weights are assigned, not copied:
+        randomly initialising 100M+ parameters only to overwrite them took seconds."""
+        with torch.device("meta"):
+            model = cls(config, **kwargs)
+        model = model.to_empty(device="cpu")
+        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, assign=True)
+        if config.tie_embeddings:
+            model.output.weight = model.tok_embeddings.weight
+        model._fill_buffers()
         return model.eval()
 
+    @torch.no_grad()
+    def _fill_buffers(self) -> None:
+        """The state that is not a weight: empty KV caches, the causal mask, the RoPE tables."""
+        self.reset_cache()
+        if hasattr(self, "causal_mask"):
+            self.causal_mask.copy_(torch.full(self.causal_mask.shape, float("-inf")).triu(1))
+        if hasattr(self, "rope_cos"):
+            cos, sin = rope_rotation_tables(self.config, self.max_seq_len)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        if tokens.shape[0] != 1:
+            raise ValueError(f"tokens must be [1, T] (batch 1), got {list(tokens.shape)}")
         seqlen = tokens.shape[1]
         steps = torch.arange(seqlen, dtype=torch.long, device=tokens.device)
         start_pos = mask = None
@@ -230,17 +261,26 @@ class Transformer(nn.Module):
         else:
             positions = steps
             mask = self.causal_mask[:seqlen, :seqlen]
-        h = self.tok_embeddings(tokens)
+        h = self.tok_embeddings(tokens.reshape(seqlen))  # [T, dim]: rows, so each linear is one mm
         cos = sin = None
         if self.config.arch == "gpt2":
-            h = h + self.pos_embeddings(positions)[None]
-        else:
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+            h = h + self.pos_embeddings(positions)
+        else:  # looked up once here, shared by every layer
+            cos = self.rope_cos[positions].to(h.dtype).view(1, seqlen, 1, -1)
+            sin = self.rope_sin[positions].to(h.dtype).view(1, seqlen, 1, -1)
         for layer in self.layers:
             h = layer(h, positions, mask, cos, sin, start_pos)
         if self.last_logits_only:
-            h = h[:, -1:, :]
-        return self.output(self.norm(h))
+            h = h[-1:]
+        return self._logits(self.norm(h))
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[N, dim] -> [1, N, vocab]. One row (the export's last_logits_only) is multiplied as
+        ``W @ column``: no transposed weight, which for tied embeddings would be a second copy
+        of the embedding table. A swapped-in (quantized) head runs its own forward."""
+        if self.last_logits_only and type(self.output) is nn.Linear and self.output.bias is None:
+            return (self.output.weight @ h.reshape(-1, 1)).reshape(1, 1, -1)
+        return self.output(h).unsqueeze(0)
 
     def reset_cache(self) -> None:
         for layer in self.layers:
