@@ -1,0 +1,538 @@
+"""Load-time fusion: fewer, cheaper steps for the same instruction list.
+
+A Method binds one step per instruction. Before it does, `plan_fusion` reads the
+instruction list as a data-flow graph and rewrites it by a small table of rules; the
+rules never change what a method computes, only how many Python steps and numpy calls
+it takes. The rule (docs/fusion.md says the same for users):
+
+1. **Views are not copies.** A view op (`view_copy`, `et_view`, `unsqueeze_copy`,
+   `squeeze_copy`, `permute_copy`, `transpose_copy`, `slice_copy`, `select_copy`,
+   `alias_copy`) whose result only feeds kernels is not executed: each consumer reads a
+   numpy view of the view op's source instead (`Alias`). A view of a constant with
+   constant arguments is therefore computed once, at load. This is allowed only when
+   nothing between the view op and each consumer writes memory the source shares
+   (planned-memory offsets are compared, in-place ops such as `update_cache` count as
+   writes), so the consumer sees the same bytes the copy would have held. Exact.
+2. **Patterns become one step** (`PATTERNS`, matched on the graph, not on instruction
+   positions; every intermediate must feed only the pattern):
+   * RMSNorm: `mul(mul(x, rsqrt(add(mean(pow(x, 2) | mul(x, x), [-1], keepdim), eps))), w)`.
+   * RoPE (rotate-half): `cat([a*c - b*s, b*c + a*s], -1)`.
+   * SwiGLU: `mul(mul(g, sigmoid(g)), u)`.
+   * Quantized linear: `dequantize_per_channel_group` / `dequantize_per_channel` of a
+     constant weight, through views, into `mm` / `linear` / `addmm` → one compiled
+     quantized mat-mul (`execupy.kernels.fast.qlinear`); the weight is re-laid once at
+     load and never expanded to float32 per call.
+   Each fused kernel runs the same float32 operations in the same order as the
+   portable kernels it replaces, so results are bit-identical, except the quantized
+   linear, which accumulates in a different order (equal within float32 rounding,
+   relative 1e-5 of the row's magnitude).
+3. Only float32 patterns fuse; a method with jumps (control flow) is not fused, nor one
+   loaded with an EventTracer (tracing needs one step per instruction, so devtools sees
+   the program's own instructions), nor any method when `EXECUPY_FUSION=0`
+   (`Program.load_method(..., fuse=False)` does the same for one method).
+
+`Method.executed_steps` counts the steps a call runs after fusion.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..kernels.portable._util import norm_dim
+from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
+from ..schema import program as P
+
+
+def fusion_enabled() -> bool:
+    """Fusion is on unless EXECUPY_FUSION is set to 0/false/off."""
+    return os.environ.get("EXECUPY_FUSION", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+# ---------------------------------------------------------------------------- the graph
+
+
+@dataclass
+class Node:
+    """One kernel instruction: its operator and the value ids it reads and writes."""
+
+    pc: int
+    op: str
+    args: tuple[int, ...]  # the inputs: every argument but the out tensor and the return slot
+    out: int
+
+
+# Ops that write one of their arguments in place (argument positions).
+_IN_PLACE = {"llama::update_cache.out": (1,), "aten::copy_": (0,), "aten::index_put_": (0,),
+             "executorch_prim::et_copy_index.tensor": (0,)}
+
+
+@dataclass
+class Graph:
+    """The instruction list as data flow, with what is needed to prove a rewrite safe."""
+
+    method: Any
+    nodes: dict[int, Node]  # pc -> kernel node
+    users: dict[int, list[int]]  # value -> pcs of the kernel nodes that read it
+    pinned: set[int]  # values read by something other than a kernel (outputs, moves, delegates, jumps)
+    writes: list[set[int]]  # pc -> values the instruction writes (in place included)
+    extent: dict[int, tuple[int, int, int]]  # planned value -> (memory id, start, end) in bytes
+
+    def value(self, i: int) -> Any:
+        return self.method.plan.values[i]
+
+    def is_const(self, i: int) -> bool:
+        v = self.value(i)
+        return isinstance(v, P.Tensor) and v.data_buffer_idx > 0 and v.allocation_info is None
+
+    def dtype(self, i: int) -> Optional[np.dtype]:
+        v = self.value(i)
+        if not isinstance(v, P.Tensor):
+            return None
+        try:
+            return P.numpy_dtype(v.scalar_type)
+        except KeyError:
+            return None
+
+    def sole_user(self, i: int) -> Optional[int]:
+        """The pc of the only kernel reading value i, when nothing else reads it."""
+        users = self.users.get(i, [])
+        if i in self.pinned or len(users) != 1:
+            return None
+        return users[0]
+
+    def producer(self, i: int) -> Optional[Node]:
+        pc = self.producers.get(i)
+        return None if pc is None else self.nodes.get(pc)
+
+    def overlaps(self, a: int, b: int) -> bool:
+        if a == b:
+            return True
+        ea, eb = self.extent.get(a), self.extent.get(b)
+        return ea is not None and eb is not None and ea[0] == eb[0] and ea[1] < eb[2] and eb[1] < ea[2]
+
+    def untouched(self, value: int, after: int, upto: int, skip: frozenset = frozenset()) -> bool:
+        """Nothing in pcs (after, upto] outside `skip` writes memory that `value` shares."""
+        if self.is_const(value):
+            return True
+        for pc in range(after + 1, upto + 1):
+            if pc not in skip and any(self.overlaps(value, w) for w in self.writes[pc]):
+                return False
+        return True
+
+    producers: dict[int, int] = field(default_factory=dict)
+
+
+def _tensor_ids(plan: P.ExecutionPlan, i: int) -> list[int]:
+    """The tensor values an argument stands for (a tensor list stands for its items)."""
+    v = plan.values[i] if 0 <= i < len(plan.values) else None
+    if isinstance(v, (P.TensorList, P.OptionalTensorList)):
+        return [j for j in v.items if j >= 0]
+    return [i]
+
+
+def build_graph(method) -> Graph:
+    plan = method.plan
+    nodes: dict[int, Node] = {}
+    users: dict[int, list[int]] = {}
+    pinned: set[int] = set(plan.outputs)
+    writes: list[set[int]] = []
+    producers: dict[int, int] = {}
+    for pc, ins in enumerate(plan.instructions):
+        written: set[int] = set()
+        if isinstance(ins, P.KernelCall) and ins.args and 0 <= ins.op_index < len(plan.operators):
+            op = plan.operators[ins.op_index].key
+            inputs = ins.args[:-1]
+            if inputs and inputs[-1] == ins.args[-1]:  # an out variant names its out tensor twice
+                inputs = inputs[:-1]
+            node = Node(pc, op, tuple(inputs), ins.args[-1])
+            nodes[pc] = node
+            for a in node.args:
+                for t in _tensor_ids(plan, a):
+                    users.setdefault(t, []).append(pc)
+            written.update(_tensor_ids(plan, node.out))
+            for k in _IN_PLACE.get(op, ()):
+                if k < len(ins.args):
+                    written.update(_tensor_ids(plan, ins.args[k]))
+            for t in _tensor_ids(plan, node.out):
+                producers[t] = pc
+        elif isinstance(ins, P.DelegateCall):
+            for a in ins.args:
+                pinned.update(_tensor_ids(plan, a))
+                written.update(_tensor_ids(plan, a))
+        elif isinstance(ins, P.MoveCall):
+            pinned.update((ins.move_from, ins.move_to))
+            written.add(ins.move_to)
+        elif isinstance(ins, P.JumpFalseCall):
+            pinned.add(ins.cond_value_index)
+        writes.append(written)
+    extent = {}
+    for i, v in enumerate(plan.values):
+        if isinstance(v, P.Tensor) and v.allocation_info is not None:
+            try:
+                size = int(np.prod(v.sizes, dtype=np.int64)) * P.numpy_dtype(v.scalar_type).itemsize
+            except KeyError:
+                continue
+            start = v.allocation_info.offset
+            extent[i] = (v.allocation_info.memory_id, start, start + max(size, 1))
+    return Graph(method, nodes, users, pinned, writes, extent, producers)
+
+
+# ---------------------------------------------------------------------------- rule 1: views
+
+
+def _reshape(x: np.ndarray, sizes) -> np.ndarray:
+    return x.reshape(tuple(int(s) for s in sizes))
+
+
+def _squeeze(x: np.ndarray, dims) -> np.ndarray:
+    if x.ndim == 0:
+        return x
+    axes = tuple(sorted({d for d in (norm_dim(d, x.ndim) for d in dims) if x.shape[d] == 1}))
+    return np.squeeze(x, axis=axes) if axes else x
+
+
+def _slice(x: np.ndarray, dim, start=None, end=None, step=1) -> np.ndarray:
+    dim = norm_dim(dim, x.ndim)
+    return x[slice_index(dim, clamp_slice(x.shape[dim], start, end, step))]
+
+
+def _select(x: np.ndarray, dim, index) -> np.ndarray:
+    if x.ndim == 0:
+        raise IndexError("select_copy: cannot select from a 0-dim tensor")
+    dim = norm_dim(dim, x.ndim)
+    return x[slice_index(dim, wrap_index(int(index), x.shape[dim], "select_copy"))]
+
+
+# op -> the numpy view it computes (argument 0 is the source tensor, the rest its parameters)
+VIEW_OPS: dict[str, Callable[..., np.ndarray]] = {
+    "aten::view_copy.out": _reshape,
+    "executorch_prim::et_view.default": _reshape,
+    "aten::unsqueeze_copy.out": lambda x, dim: np.expand_dims(x, norm_dim(dim, x.ndim + 1)),
+    "aten::squeeze_copy.dims_out": _squeeze,
+    "aten::squeeze_copy.dim_out": lambda x, dim: _squeeze(x, (dim,)),
+    "aten::permute_copy.out": lambda x, dims: x.transpose(tuple(norm_dim(d, x.ndim) for d in dims)),
+    "aten::transpose_copy.int_out": lambda x, a, b: np.swapaxes(x, norm_dim(a, x.ndim), norm_dim(b, x.ndim)),
+    "aten::slice_copy.Tensor_out": _slice,
+    "aten::select_copy.int_out": _select,
+    "aten::alias_copy.out": lambda x: x,
+}
+
+
+@dataclass
+class Alias:
+    """Value `out` is `view(values[source], *params)`, computed where it is read."""
+
+    out: int
+    source: int
+    view: Callable[..., np.ndarray]
+    params: tuple[int, ...]
+    first_pc: int  # where the chain first read its root
+    root: int
+    constant: bool  # the root is a constant: with constant parameters the view is made once, at load
+
+    def arg(self, method) -> tuple[bool, Any]:
+        """(is_static, value_or_getter), as Method._arg gives: static when everything is."""
+        static, src = method._arg(self.source)
+        params = [method._arg(p) for p in self.params]
+        view = self.view
+        if static and self.constant and all(s for s, _ in params):
+            return True, view(src, *(p for _, p in params))
+        # Otherwise made at each read: a reshape of a strided array is a copy, not a view.
+        getters = [(lambda p=p: p) if s else p for s, p in params]
+        get_src = (lambda: src) if static else src
+        if not getters:
+            return False, lambda: view(get_src())
+        if len(getters) == 1:
+            g0 = getters[0]
+            return False, lambda: view(get_src(), g0())
+        return False, lambda: view(get_src(), *[g() for g in getters])
+
+
+def _slice_step_ok(g: Graph, node: Node) -> bool:
+    if node.op != "aten::slice_copy.Tensor_out" or len(node.args) < 5:
+        return True
+    v = g.value(node.args[4])
+    return P.is_scalar(v) and node.args[4] not in g.method._slots and int(P.scalar_value(v)) >= 1
+
+
+def _viewable(g: Graph, node: Node) -> bool:
+    """Structurally, the view op could be read in place by all its users."""
+    if node.op not in VIEW_OPS or not node.args or node.out in g.pinned or not _slice_step_ok(g, node):
+        return False
+    src, out = node.args[0], node.out
+    if g.dtype(src) is None or g.dtype(src) != g.dtype(out) or not isinstance(g.value(out), P.Tensor):
+        return False
+    users = g.users.get(out, [])
+    return bool(users) and not any(_written_in_place(g.nodes[u], out) for u in users)
+
+
+def _written_in_place(node: Node, value: int) -> bool:
+    return any(k < len(node.args) and node.args[k] == value for k in _IN_PLACE.get(node.op, ()))
+
+
+def find_aliases(g: Graph) -> dict[int, Alias]:
+    """The view ops that need not run. Optimistic: assume every candidate is skipped (so it
+    writes nothing), drop those whose source could change before a user reads it, repeat."""
+    candidates = {pc for pc, node in g.nodes.items() if _viewable(g, node)}
+    while True:
+        aliases: dict[int, Alias] = {}
+        skip = frozenset(candidates)
+        failed = set()
+        for pc in sorted(candidates):
+            node = g.nodes[pc]
+            src, out = node.args[0], node.out
+            up = aliases.get(src)
+            root, first = (up.root, up.first_pc) if up else (src, pc)
+            if all(g.untouched(root, first, u, skip) for u in g.users[out]):
+                aliases[out] = Alias(out, src, VIEW_OPS[node.op], node.args[1:], first, root, g.is_const(root))
+            else:
+                failed.add(pc)
+        if not failed:
+            return aliases
+        candidates -= failed
+
+
+# ---------------------------------------------------------------------------- rule 2: patterns
+
+
+@dataclass
+class Fused:
+    """A pattern found: the pcs it replaces, where its step runs, and how to bind that step."""
+
+    name: str
+    pcs: frozenset[int]
+    anchor: int  # the last pc; the fused step runs there
+    inputs: tuple[int, ...]
+    out: int
+    bind: Callable[[Any], Callable[[], None]]  # method -> step
+
+
+def _float32(g: Graph, *values: int) -> bool:
+    return all(g.dtype(v) == np.float32 for v in values)
+
+
+def _scalar(g: Graph, i: int) -> Optional[float]:
+    v = g.value(i)
+    if P.is_scalar(v) and i not in g.method._slots:
+        return P.scalar_value(v)
+    return None
+
+
+class _Match:
+    """Walks a candidate pattern upwards from its anchor, collecting the pcs it swallows."""
+
+    def __init__(self, g: Graph, aliases: dict[int, Alias]):
+        self.g, self.aliases, self.pcs = g, aliases, set()
+
+    def inner(self, value: int, op: str, user: int) -> Optional[Node]:
+        """The node producing `value` with operator `op`, when `value` feeds only `user`."""
+        g = self.g
+        node = g.producer(value)
+        if node is None or node.op != op or value in self.aliases:
+            return None
+        users = g.users.get(value, [])
+        if value in g.pinned or any(u != user for u in users):
+            return None
+        self.pcs.add(node.pc)
+        return node
+
+    def alpha_one(self, node: Node) -> bool:
+        return len(node.args) < 3 or _scalar(self.g, node.args[2]) == 1
+
+
+def _get(method, i: int) -> Callable[[], Any]:
+    static, v = method._arg(i)
+    return (lambda: v) if static else v
+
+
+def _match_rms_norm(g: Graph, aliases, anchor: Node) -> Optional[Fused]:
+    """mul(mul(x, rsqrt(add(mean(pow(x,2)), eps))), w), either operand order at each mul."""
+    if anchor.op != "aten::mul.out":
+        return None
+    for inner_ix in (0, 1):
+        m = _Match(g, aliases)
+        m.pcs.add(anchor.pc)
+        normed = m.inner(anchor.args[inner_ix], "aten::mul.out", anchor.pc)
+        if normed is None:
+            continue
+        w = anchor.args[1 - inner_ix]
+        for r_ix in (1, 0):
+            x, r = normed.args[1 - r_ix], normed.args[r_ix]
+            rs = m.inner(r, "aten::rsqrt.out", normed.pc)
+            add = rs and m.inner(rs.args[0], "aten::add.out", rs.pc)
+            if not add or not m.alpha_one(add):
+                continue
+            mean = m.inner(add.args[0], "aten::mean.out", add.pc)
+            eps = add.args[1]
+            if not mean or _dims(g, mean) != (-1,) or _scalar(g, mean.args[2]) is not True or (
+                    len(mean.args) > 3 and g.value(mean.args[3]) is not None and not isinstance(g.value(mean.args[3]), P.Null)):
+                continue
+            sq = g.producer(mean.args[0])
+            if sq is None or sq.pc in m.pcs or g.sole_user(mean.args[0]) != mean.pc:
+                continue
+            if sq.op == "aten::pow.Tensor_Scalar_out" and sq.args[0] == x and _scalar(g, sq.args[1]) == 2:
+                pass
+            elif not (sq.op == "aten::mul.out" and sq.args[0] == x and sq.args[1] == x):
+                continue
+            m.pcs.add(sq.pc)
+            if not _float32(g, x, w, eps, anchor.out) or not _static_eps(g, eps):
+                continue
+            return Fused("rms_norm", frozenset(m.pcs), anchor.pc, (x, eps, w), anchor.out,
+                         lambda method, x=x, eps=eps, w=w: _rms_norm_step(method, x, eps, w, anchor.out))
+    return None
+
+
+def _dims(g: Graph, i: int) -> Optional[tuple]:
+    v = g.value(i.args[1] if isinstance(i, Node) else i)
+    if isinstance(v, P.IntList) and all(P.is_scalar(g.value(j)) and j not in g.method._slots for j in v.items):
+        return tuple(P.scalar_value(g.value(j)) for j in v.items)
+    return None
+
+
+def _static_eps(g: Graph, eps: int) -> bool:
+    return g.is_const(eps) or _scalar(g, eps) is not None
+
+
+def _rms_norm_step(method, x: int, eps: int, w: int, out: int):
+    from ..kernels.fast import rms_norm
+
+    gx, ge, gw, store = _get(method, x), _get(method, eps), _get(method, w), method._store_fn(out)
+
+    def rms_norm_step():
+        store(rms_norm(gx(), ge(), gw()))
+
+    return rms_norm_step
+
+
+def _match_rope(g: Graph, aliases, anchor: Node) -> Optional[Fused]:
+    """cat([a*c - b*s, b*c + a*s], dim=-1): rotate-half rotary embedding."""
+    if anchor.op != "aten::cat.out" or len(anchor.args) < 2:
+        return None
+    parts = g.value(anchor.args[0])
+    dim = _scalar(g, anchor.args[1])
+    if not isinstance(parts, P.TensorList) or len(parts.items) != 2 or dim is None:
+        return None
+    m = _Match(g, aliases)
+    m.pcs.add(anchor.pc)
+    sub = m.inner(parts.items[0], "aten::sub.out", anchor.pc)
+    add = m.inner(parts.items[1], "aten::add.out", anchor.pc)
+    if not sub or not add or not m.alpha_one(sub) or not m.alpha_one(add):
+        return None
+    ac, bs = (m.inner(v, "aten::mul.out", sub.pc) for v in sub.args[:2])
+    bc, as_ = (m.inner(v, "aten::mul.out", add.pc) for v in add.args[:2])
+    if not all((ac, bs, bc, as_)):
+        return None
+    a, c = ac.args[0], ac.args[1]
+    b, s = bs.args[0], bs.args[1]
+    if {bc.args[0], bc.args[1]} != {b, c} or {as_.args[0], as_.args[1]} != {a, s} or len({a, b, c, s}) != 4:
+        return None
+    if not _float32(g, a, b, c, s, anchor.out):
+        return None
+    inputs = (a, b, c, s)
+    return Fused("rope", frozenset(m.pcs), anchor.pc, inputs, anchor.out,
+                 lambda method: _rope_step(method, inputs, int(dim), anchor.out))
+
+
+def _rope_step(method, inputs, dim: int, out: int):
+    from ..kernels.fast import rope
+
+    ga, gb, gc, gs = (_get(method, i) for i in inputs)
+    store = method._store_fn(out)
+
+    def rope_step():
+        store(rope(ga(), gb(), gc(), gs(), dim))
+
+    return rope_step
+
+
+def _match_swiglu(g: Graph, aliases, anchor: Node) -> Optional[Fused]:
+    """mul(mul(g, sigmoid(g)), u): SiLU-gated linear unit."""
+    if anchor.op != "aten::mul.out":
+        return None
+    for gate_ix in (0, 1):
+        m = _Match(g, aliases)
+        m.pcs.add(anchor.pc)
+        silu = m.inner(anchor.args[gate_ix], "aten::mul.out", anchor.pc)
+        if silu is None:
+            continue
+        for sig_ix in (1, 0):
+            gate = silu.args[1 - sig_ix]
+            sig = m.inner(silu.args[sig_ix], "aten::sigmoid.out", silu.pc)
+            if sig is None or sig.args[0] != gate:
+                continue
+            up = anchor.args[1 - gate_ix]
+            if not _float32(g, gate, up, anchor.out):
+                return None
+            return Fused("swiglu", frozenset(m.pcs), anchor.pc, (gate, up), anchor.out,
+                         lambda method: _swiglu_step(method, gate, up, anchor.out))
+    return None
+
+
+def _swiglu_step(method, gate: int, up: int, out: int):
+    from ..kernels.fast import swiglu
+
+    gg, gu, store = _get(method, gate), _get(method, up), method._store_fn(out)
+
+    def swiglu_step():
+        store(swiglu(gg(), gu()))
+
+    return swiglu_step
+
+
+PATTERNS: tuple[Callable[[Graph, dict, Node], Optional[Fused]], ...] = (
+    _match_rms_norm, _match_rope, _match_swiglu,
+)
+
+
+def _safe(g: Graph, aliases: dict[int, Alias], f: Fused) -> bool:
+    """The pattern's inputs still hold what they held when the pattern first read them."""
+    start = min(f.pcs)
+    for i in f.inputs:
+        for t in _tensor_ids(g.method.plan, i):
+            a = aliases.get(t)
+            root, first = (a.root, min(a.first_pc, start)) if a else (t, start)
+            if not g.untouched(root, first, f.anchor, f.pcs):
+                return False
+    return True
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class FusionPlan:
+    aliases: dict[int, Alias]
+    removed: set[int]  # pcs not executed at all
+    fused: dict[int, Fused]  # anchor pc -> the pattern whose step runs there
+
+    def step_at(self, method, pc: int) -> Optional[Callable[[], None]]:
+        f = self.fused.get(pc)
+        return None if f is None else f.bind(method)
+
+
+def plan_fusion(method) -> Optional[FusionPlan]:
+    """The rewrite of `method`'s instructions, or None when there is nothing to fuse."""
+    plan = method.plan
+    if any(isinstance(ins, P.JumpFalseCall) for ins in plan.instructions):
+        return None
+    g = build_graph(method)
+    aliases = find_aliases(g)
+    removed = {g.producers[a] for a in aliases}
+    fused: dict[int, Fused] = {}
+    taken: set[int] = set(removed)
+    for pc in sorted(g.nodes, reverse=True):
+        if pc in taken:
+            continue
+        for match in PATTERNS:
+            f = match(g, aliases, g.nodes[pc])
+            if f is not None and not (f.pcs & taken) and _safe(g, aliases, f):
+                fused[pc] = f
+                taken |= f.pcs
+                removed |= f.pcs - {pc}
+                break
+    if not aliases and not fused:
+        return None
+    return FusionPlan(aliases, removed, fused)
