@@ -8,8 +8,12 @@ it takes. The rule (docs/fusion.md says the same for users):
 1. **Views are not copies.** A view op (`view_copy`, `et_view`, `unsqueeze_copy`,
    `squeeze_copy`, `permute_copy`, `transpose_copy`, `slice_copy`, `select_copy`,
    `alias_copy`) whose result only feeds kernels is not executed: each consumer reads a
-   numpy view of the view op's source instead (`Alias`). A view of a constant with
-   constant arguments is therefore computed once, at load. This is allowed only when
+   numpy view of the view op's source instead (`Alias`), made contiguous as the copy
+   would have been (free for a reshape; a permuted or sliced activation is copied inside
+   the consumer's step, so BLAS sees the same layout and rounds the same). A view of a
+   constant with constant arguments is computed once, at load. ExecuTorch also plans
+   some views as a second tensor over the same bytes with no instruction: a value read
+   that way is always written where the program writes it. This is allowed only when
    nothing between the view op and each consumer writes memory the source shares
    (planned-memory offsets are compared, in-place ops such as `update_cache` count as
    writes), so the consumer sees the same bytes the copy would have held. Exact.
@@ -177,7 +181,20 @@ def build_graph(method) -> Graph:
                 continue
             start = v.allocation_info.offset
             extent[i] = (v.allocation_info.memory_id, start, start + max(size, 1))
+    pinned |= _shadowed(extent, producers, users, set(plan.inputs))
     return Graph(method, nodes, users, pinned, writes, extent, producers)
+
+
+def _shadowed(extent: dict, producers: dict, users: dict, inputs: set) -> set[int]:
+    """Values whose bytes are also read under another id that no instruction writes: ExecuTorch
+    plans a no-op view as a second tensor over the same memory, without an instruction. A
+    value read that way must be written where the program writes it."""
+    implicit = [i for i in extent if i not in producers and i not in inputs and users.get(i)]
+    shadowed: set[int] = set()
+    for v in implicit:
+        mem, start, end = extent[v]
+        shadowed.update(j for j, (m, s, e) in extent.items() if j != v and m == mem and s < end and start < e)
+    return shadowed
 
 
 # ---------------------------------------------------------------------------- rule 1: views
@@ -237,7 +254,10 @@ class Alias:
         """(is_static, value_or_getter), as Method._arg gives: static when everything is."""
         static, src = method._arg(self.source)
         params = [method._arg(p) for p in self.params]
-        view = self.view
+        strided = self.view
+        # Contiguous, as the copy kernel's planned output is: a strided operand can take another
+        # BLAS or reduction path and round differently. A contiguous view costs no copy.
+        view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
         if static and self.constant and all(s for s, _ in params):
             return True, view(src, *(p for _, p in params))
         # Otherwise made at each read: a reshape of a strided array is a copy, not a view.

