@@ -181,19 +181,27 @@ def build_graph(method) -> Graph:
                 continue
             start = v.allocation_info.offset
             extent[i] = (v.allocation_info.memory_id, start, start + max(size, 1))
-    pinned |= _shadowed(extent, producers, users, set(plan.inputs))
+    pinned |= _shadowed(extent, producers, users, writes, set(plan.inputs))
     return Graph(method, nodes, users, pinned, writes, extent, producers)
 
 
-def _shadowed(extent: dict, producers: dict, users: dict, inputs: set) -> set[int]:
+def _shadowed(extent: dict, producers: dict, users: dict, writes: list, inputs: set) -> set[int]:
     """Values whose bytes are also read under another id that no instruction writes: ExecuTorch
-    plans a no-op view as a second tensor over the same memory, without an instruction. A
-    value read that way must be written where the program writes it."""
-    implicit = [i for i in extent if i not in producers and i not in inputs and users.get(i)]
+    plans a no-op view as a second tensor over the same memory, without an instruction. What
+    such a value reads is what the last instruction before the read wrote there, so that
+    write must stay where the program has it."""
+
+    def over(a, b):
+        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
     shadowed: set[int] = set()
-    for v in implicit:
-        mem, start, end = extent[v]
-        shadowed.update(j for j, (m, s, e) in extent.items() if j != v and m == mem and s < end and start < e)
+    for v in (i for i in extent if i not in producers and i not in inputs and users.get(i)):
+        for u in set(users[v]):
+            for pc in range(u - 1, -1, -1):
+                hit = {w for w in writes[pc] if w in extent and over(extent[w], extent[v])}
+                if hit:
+                    shadowed |= hit
+                    break
     return shadowed
 
 
