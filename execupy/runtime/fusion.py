@@ -21,7 +21,7 @@ it takes. The rule (docs/fusion.md says the same for users):
    positions; every intermediate must feed only the pattern):
    * RMSNorm: `mul(mul(x, rsqrt(add(mean(pow(x, 2) | mul(x, x), [-1], keepdim), eps))), w)`.
    * RoPE (rotate-half): `cat([a*c - b*s, b*c + a*s], -1)`.
-   * SwiGLU: `mul(mul(g, sigmoid(g)), u)`.
+   * SiLU (the gate of SwiGLU): `mul(g, sigmoid(g))`.
    * Quantized linear: `dequantize_per_channel_group` / `dequantize_per_channel` of a
      constant weight, through views, into `mm` / `linear` / `addmm` → one compiled
      quantized mat-mul (`execupy.kernels.fast.qlinear`); the weight is re-laid once at
@@ -301,26 +301,24 @@ def _written_in_place(node: Node, value: int) -> bool:
     return any(k < len(node.args) and node.args[k] == value for k in _IN_PLACE.get(node.op, ()))
 
 
-def find_aliases(g: Graph) -> dict[int, Alias]:
-    """The view ops that need not run. Optimistic: assume every candidate is skipped (so it
-    writes nothing), drop those whose source could change before a user reads it, repeat."""
-    candidates = {pc for pc, node in g.nodes.items() if _viewable(g, node)}
-    while True:
-        aliases: dict[int, Alias] = {}
-        skip = frozenset(candidates)
-        failed = set()
-        for pc in sorted(candidates):
-            node = g.nodes[pc]
-            src, out = node.args[0], node.out
-            up = aliases.get(src)
-            root, first = (up.root, up.first_pc) if up else (src, pc)
-            if all(g.untouched(root, first, u, skip) for u in g.users[out]):
-                aliases[out] = Alias(out, src, VIEW_OPS[node.op], node.args[1:], first, root, g.is_const(root))
-            else:
-                failed.add(pc)
-        if not failed:
-            return aliases
-        candidates -= failed
+def find_aliases(g: Graph, candidates: set[int], skip: frozenset, skip_fused: frozenset,
+                 read_at: dict[int, int]) -> tuple[dict[int, Alias], set[int]]:
+    """One round: the candidate view ops whose source still holds its bytes wherever a user
+    reads it (`read_at` moves a read into the fused step that swallowed the user), and those
+    that fail. Pcs in `skip` are assumed not to run (`skip_fused` for a read in a fused step)."""
+    aliases: dict[int, Alias] = {}
+    failed = set()
+    for pc in sorted(candidates):
+        node = g.nodes[pc]
+        src, out = node.args[0], node.out
+        up = aliases.get(src)
+        root, first = (up.root, up.first_pc) if up else (src, pc)
+        if all(g.untouched(root, first, read_at[u], skip_fused) if u in read_at else g.untouched(root, first, u, skip)
+               for u in g.users[out]):
+            aliases[out] = Alias(out, src, VIEW_OPS[node.op], node.args[1:], first, root, g.is_const(root))
+        else:
+            failed.add(pc)
+    return aliases, failed
 
 
 # ---------------------------------------------------------------------------- rule 2: patterns
@@ -352,14 +350,14 @@ def _scalar(g: Graph, i: int) -> Optional[float]:
 class _Match:
     """Walks a candidate pattern upwards from its anchor, collecting the pcs it swallows."""
 
-    def __init__(self, g: Graph, aliases: dict[int, Alias]):
-        self.g, self.aliases, self.pcs = g, aliases, set()
+    def __init__(self, g: Graph):
+        self.g, self.pcs = g, set()
 
     def inner(self, value: int, op: str, user: int) -> Optional[Node]:
         """The node producing `value` with operator `op`, when `value` feeds only `user`."""
         g = self.g
         node = g.producer(value)
-        if node is None or node.op != op or value in self.aliases:
+        if node is None or node.op != op:
             return None
         users = g.users.get(value, [])
         if value in g.pinned or any(u != user for u in users):
@@ -376,12 +374,12 @@ def _get(method, i: int) -> Callable[[], Any]:
     return (lambda: v) if static else v
 
 
-def _match_rms_norm(g: Graph, aliases, anchor: Node) -> Optional[Fused]:
+def _match_rms_norm(g: Graph, anchor: Node) -> Optional[Fused]:
     """mul(mul(x, rsqrt(add(mean(pow(x,2)), eps))), w), either operand order at each mul."""
     if anchor.op != "aten::mul.out":
         return None
     for inner_ix in (0, 1):
-        m = _Match(g, aliases)
+        m = _Match(g)
         m.pcs.add(anchor.pc)
         normed = m.inner(anchor.args[inner_ix], "aten::mul.out", anchor.pc)
         if normed is None:
@@ -435,7 +433,7 @@ def _rms_norm_step(method, x: int, eps: int, w: int, out: int):
     return rms_norm_step
 
 
-def _match_rope(g: Graph, aliases, anchor: Node) -> Optional[Fused]:
+def _match_rope(g: Graph, anchor: Node) -> Optional[Fused]:
     """cat([a*c - b*s, b*c + a*s], dim=-1): rotate-half rotary embedding."""
     if anchor.op != "aten::cat.out" or len(anchor.args) < 2:
         return None
@@ -443,7 +441,7 @@ def _match_rope(g: Graph, aliases, anchor: Node) -> Optional[Fused]:
     dim = _scalar(g, anchor.args[1])
     if not isinstance(parts, P.TensorList) or len(parts.items) != 2 or dim is None:
         return None
-    m = _Match(g, aliases)
+    m = _Match(g)
     m.pcs.add(anchor.pc)
     sub = m.inner(parts.items[0], "aten::sub.out", anchor.pc)
     add = m.inner(parts.items[1], "aten::add.out", anchor.pc)
@@ -476,53 +474,47 @@ def _rope_step(method, inputs, dim: int, out: int):
     return rope_step
 
 
-def _match_swiglu(g: Graph, aliases, anchor: Node) -> Optional[Fused]:
-    """mul(mul(g, sigmoid(g)), u): SiLU-gated linear unit."""
+def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
+    """mul(g, sigmoid(g)): SiLU, the gate of SwiGLU. (Fusing the up-projection's mul as well
+    would move the gate's read after the up-projection, which often reuses the gate's bytes.)"""
     if anchor.op != "aten::mul.out":
         return None
-    for gate_ix in (0, 1):
-        m = _Match(g, aliases)
+    for sig_ix in (1, 0):
+        m = _Match(g)
         m.pcs.add(anchor.pc)
-        silu = m.inner(anchor.args[gate_ix], "aten::mul.out", anchor.pc)
-        if silu is None:
+        gate = anchor.args[1 - sig_ix]
+        sig = m.inner(anchor.args[sig_ix], "aten::sigmoid.out", anchor.pc)
+        if sig is None or sig.args[0] != gate or not _float32(g, gate, anchor.out):
             continue
-        for sig_ix in (1, 0):
-            gate = silu.args[1 - sig_ix]
-            sig = m.inner(silu.args[sig_ix], "aten::sigmoid.out", silu.pc)
-            if sig is None or sig.args[0] != gate:
-                continue
-            up = anchor.args[1 - gate_ix]
-            if not _float32(g, gate, up, anchor.out):
-                return None
-            return Fused("swiglu", frozenset(m.pcs), anchor.pc, (gate, up), anchor.out,
-                         lambda method: _swiglu_step(method, gate, up, anchor.out))
+        return Fused("silu", frozenset(m.pcs), anchor.pc, (gate,), anchor.out,
+                     lambda method: _silu_step(method, gate, anchor.out))
     return None
 
 
-def _swiglu_step(method, gate: int, up: int, out: int):
-    from ..kernels.fast import swiglu
+def _silu_step(method, gate: int, out: int):
+    from ..kernels.fast import silu
 
-    gg, gu, store = _get(method, gate), _get(method, up), method._store_fn(out)
+    gg, store = _get(method, gate), method._store_fn(out)
 
-    def swiglu_step():
-        store(swiglu(gg(), gu()))
+    def silu_step():
+        store(silu(gg()))
 
-    return swiglu_step
+    return silu_step
 
 
-PATTERNS: tuple[Callable[[Graph, dict, Node], Optional[Fused]], ...] = (
-    _match_rms_norm, _match_rope, _match_swiglu,
+PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (
+    _match_rms_norm, _match_rope, _match_silu,
 )
 
 
-def _safe(g: Graph, aliases: dict[int, Alias], f: Fused) -> bool:
+def _safe(g: Graph, aliases: dict[int, Alias], f: Fused, skip: frozenset) -> bool:
     """The pattern's inputs still hold what they held when the pattern first read them."""
     start = min(f.pcs)
     for i in f.inputs:
         for t in _tensor_ids(g.method.plan, i):
             a = aliases.get(t)
             root, first = (a.root, min(a.first_pc, start)) if a else (t, start)
-            if not g.untouched(root, first, f.anchor, f.pcs):
+            if not g.untouched(root, first, f.anchor, skip):
                 return False
     return True
 
@@ -541,26 +533,47 @@ class FusionPlan:
         return None if f is None else f.bind(method)
 
 
-def plan_fusion(method) -> Optional[FusionPlan]:
-    """The rewrite of `method`'s instructions, or None when there is nothing to fuse."""
-    plan = method.plan
-    if any(isinstance(ins, P.JumpFalseCall) for ins in plan.instructions):
-        return None
-    g = build_graph(method)
-    aliases = find_aliases(g)
-    removed = {g.producers[a] for a in aliases}
-    fused: dict[int, Fused] = {}
-    taken: set[int] = set(removed)
+def find_patterns(g: Graph) -> dict[int, Fused]:
+    """Every pattern in the graph, by structure alone; later anchors first, none overlapping."""
+    found: dict[int, Fused] = {}
+    taken: set[int] = set()
     for pc in sorted(g.nodes, reverse=True):
         if pc in taken:
             continue
         for match in PATTERNS:
-            f = match(g, aliases, g.nodes[pc])
-            if f is not None and not (f.pcs & taken) and _safe(g, aliases, f):
-                fused[pc] = f
+            f = match(g, g.nodes[pc])
+            if f is not None and not (f.pcs & taken):
+                found[pc] = f
                 taken |= f.pcs
-                removed |= f.pcs - {pc}
                 break
-    if not aliases and not fused:
+    return found
+
+
+def plan_fusion(method) -> Optional[FusionPlan]:
+    """The rewrite of `method`'s instructions, or None when there is nothing to fuse.
+
+    Optimistic: assume every candidate view op and pattern is taken (so their inner
+    instructions write nothing), drop those whose inputs could change before they are read,
+    and repeat until nothing is dropped: what is left is safe together."""
+    plan = method.plan
+    if any(isinstance(ins, P.JumpFalseCall) for ins in plan.instructions):
         return None
-    return FusionPlan(aliases, removed, fused)
+    g = build_graph(method)
+    views = {pc for pc, node in g.nodes.items() if _viewable(g, node)}
+    patterns = find_patterns(g)
+    while True:
+        inner = {pc for f in patterns.values() for pc in f.pcs if pc != f.anchor}
+        removed = views | inner
+        read_at = {pc: f.anchor for f in patterns.values() for pc in f.pcs}
+        # A fused step reads all its inputs before it writes: its own write cannot clobber them.
+        skip = frozenset(removed | set(patterns))
+        aliases, failed = find_aliases(g, views, frozenset(removed), skip, read_at)
+        unsafe = [a for a, f in patterns.items() if not _safe(g, aliases, f, skip)]
+        if not failed and not unsafe:
+            break
+        views -= failed
+        for a in unsafe:
+            del patterns[a]
+    if not aliases and not patterns:
+        return None
+    return FusionPlan(aliases, removed, patterns)

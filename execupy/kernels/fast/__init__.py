@@ -1,6 +1,6 @@
 """Kernels for fused steps (execupy.runtime.fusion) and the hot quantized ops.
 
-The float32 kernels here (`rms_norm`, `rope`, `swiglu`) do, in one call, the very
+The float32 kernels here (`rms_norm`, `rope`, `silu`) do, in one call, the very
 operations the portable kernels they replace do one instruction at a time, in the same
 order and dtype, so they are bit-identical to the unfused plan.
 
@@ -28,6 +28,6 @@ def rope(a: np.ndarray, b: np.ndarray, c: np.ndarray, s: np.ndarray, dim: int) -
     return np.concatenate((a * c - b * s, b * c + a * s), axis=dim)
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gate * sigmoid(gate) * up."""
-    return np.multiply(gate * _sigmoid(gate), up)
+def silu(gate: np.ndarray) -> np.ndarray:
+    """gate * sigmoid(gate), as sigmoid then mul compute it."""
+    return gate * _sigmoid(gate)
