@@ -37,16 +37,16 @@ def qmatmul_numpy(x: np.ndarray, q: np.ndarray, scales: np.ndarray, zeros: Optio
 
 
 def quantize_per_token_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Asymmetric int8 per row: scale = (max - min) / 255 over a range that includes 0,
-    zero point chosen so min maps to -128; returns (q int8, scale f32[M], zero int32[M])."""
+    """Dynamic asymmetric int8 per row, as `choose_qparams_per_token_asymmetric` then
+    `quantize_per_token` compute it (the registered kernels themselves); returns
+    (q int8[M, K], scale float32[M], zero point int64[M])."""
+    from ..quantized.quant import choose_qparams_per_token_asymmetric, quantize_per_token
+
     x = np.asarray(x, np.float32)
-    lo = np.minimum(x.min(axis=-1), 0).astype(np.float32)
-    hi = np.maximum(x.max(axis=-1), 0).astype(np.float32)
-    scale = ((hi - lo) / np.float32(255)).astype(np.float32)
-    scale = np.where(scale == 0, np.float32(1), scale).astype(np.float32)
-    zero = np.clip(np.round(-128 - lo / scale), -128, 127).astype(np.int32)
-    q = np.clip(np.round(x / scale[:, None]) + zero[:, None], -128, 127).astype(np.int8)
-    return q, scale, zero
+    scale, zero = np.empty((x.shape[0], 1), np.float32), np.empty((x.shape[0], 1), np.int64)
+    choose_qparams_per_token_asymmetric(x, 1, scale, zero)
+    q = quantize_per_token(x, scale, zero, -128, 127, 1, np.empty(x.shape, np.int8))
+    return q, scale.reshape(-1), zero.reshape(-1)
 
 
 def embedding_numpy(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
@@ -98,21 +98,27 @@ def _compile() -> Optional[dict[str, Callable]]:
         m, k = x.shape
         q = np.empty((m, k), np.int8)
         scale = np.empty(m, np.float32)
-        zero = np.empty(m, np.int32)
+        zero = np.empty(m, np.int64)
+        eps = np.float32(np.finfo(np.float32).eps)
         for r in range(m):
             lo = np.float32(0)
             hi = np.float32(0)
             for c in range(k):
                 lo = min(lo, x[r, c])
                 hi = max(hi, x[r, c])
-            s = np.float32((hi - lo) / np.float32(255))
-            if s == 0:
-                s = np.float32(1)
-            z = min(max(np.round(np.float32(-128) - lo / s), -128), 127)
+            s = max(np.float32((hi - lo) / np.float32(255)), eps)
+            dmin, dmax = np.float32(lo / s), np.float32(hi / s)
+            if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
+                z = np.float32(-128) - dmin
+            else:
+                z = np.float32(127) - dmax
+            z = np.round(min(max(z, np.float32(-128)), np.float32(127)))
             scale[r] = s
-            zero[r] = np.int32(z)
+            zero[r] = np.int64(z)
+            inv = np.float32(1.0) / s
             for c in range(k):
-                q[r, c] = np.int8(min(max(np.round(x[r, c] / s) + z, -128), 127))
+                v = np.round(np.float32(x[r, c] * inv + np.float32(z)))
+                q[r, c] = np.int8(min(max(v, np.float32(-128)), np.float32(127)))
         return q, scale, zero
 
     @numba.njit(cache=True)
