@@ -87,3 +87,59 @@ def test_fusion_is_off_when_asked_and_under_an_event_tracer(monkeypatch, tmp_pat
     assert Module(pte, event_tracer=EventTracer()).method("forward").executed_steps == n
     monkeypatch.setenv("EXECUPY_FUSION", "0")
     assert Module(pte).method("forward").executed_steps == n
+
+
+# (form, group, bits, with minimum) of docs/quantized-llm.md's weight forms
+QUANTIZED_FORMS = [("per-channel int8", None, 8, False), ("grouped int4", 32, 4, False),
+                   ("grouped int8", 32, 8, False), ("grouped with minimum", 32, 4, True)]
+
+
+def quantized_linear_program(n: int, k: int, group, bits: int, with_min: bool) -> bytes:
+    """A linear in export-llm --quantize's form: W = view(dequantize_per_channel(q, s) [+ m]),
+    then mm(W, rows.T).T, exported by our exporter."""
+    torch = pytest.importorskip("torch")
+    from torch.export import export
+
+    from execupy.exir import to_edge  # also defines the quantized_decomposed ops
+
+    group = group or k
+
+    class QuantizedLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            gen = torch.Generator().manual_seed(bits + group)
+            self.lo, self.hi = (0, (1 << bits) - 1) if with_min else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+            groups = n * k // group
+            self.register_buffer("q", torch.randint(self.lo, self.hi + 1, (groups, group), generator=gen).to(torch.int8))
+            self.register_buffer("s", torch.rand(groups, generator=gen) * 0.05 + 1e-3)
+            self.register_buffer("m", -torch.rand(groups, 1, generator=gen) * 0.1)
+
+        def forward(self, x):
+            w = torch.ops.quantized_decomposed.dequantize_per_channel(self.q, self.s, None, 0, self.lo, self.hi,
+                                                                      torch.int8)
+            if with_min:
+                w = w + self.m
+            rows = x.view(-1, k)
+            return torch.mm(w.view(n, k), rows.permute(1, 0)).permute(1, 0).view(1, -1, n)
+
+    return to_edge(export(QuantizedLinear(), (torch.randn(1, 3, k),))).to_executorch().buffer
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("form,group,bits,with_min", QUANTIZED_FORMS, ids=[f[0] for f in QUANTIZED_FORMS])
+def test_quantized_linear_is_one_fused_step_equal_within_float32_rounding(form, group, bits, with_min, backend,
+                                                                           monkeypatch):
+    from execupy.kernels.fast import quantized as Q
+
+    if backend == "numba" and Q.NUMBA is None:
+        pytest.skip("numba (the `fast` extra) is not installed")
+    monkeypatch.setattr(Q, "qlinear", (Q.NUMBA if backend == "numba" else Q.NUMPY)["qlinear"])
+    program = Program.load(quantized_linear_program(48, 64, group, bits, with_min))
+    fused, plain = program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)
+    assert "fused:quantized_linear" in fused._op_names
+    assert not any("dequantize" in name for name in fused._op_names)
+    x = np.random.default_rng(bits).standard_normal((1, 3, 64)).astype(np.float32)
+    a, b = fused.execute([x])[0], plain.execute([x])[0]
+    assert a.shape == b.shape == (1, 3, 48)
+    # the weight is never rebuilt in float32, so sums round differently: relative 1e-5 of the row
+    assert np.all(np.abs(a - b) <= 1e-5 * np.abs(b).max(axis=-1, keepdims=True) + 1e-6)

@@ -81,6 +81,7 @@ class Graph:
     nodes: dict[int, Node]  # pc -> kernel node
     users: dict[int, list[int]]  # value -> pcs of the kernel nodes that read it
     pinned: set[int]  # values read by something other than a kernel (outputs, moves, delegates, jumps)
+    plan_outputs: set[int]
     writes: list[set[int]]  # pc -> values the instruction writes (in place included)
     extent: dict[int, tuple[int, int, int]]  # planned value -> (memory id, start, end) in bytes
 
@@ -182,7 +183,7 @@ def build_graph(method) -> Graph:
             start = v.allocation_info.offset
             extent[i] = (v.allocation_info.memory_id, start, start + max(size, 1))
     pinned |= _shadowed(extent, producers, users, writes, set(plan.inputs))
-    return Graph(method, nodes, users, pinned, writes, extent, producers)
+    return Graph(method, nodes, users, pinned, set(plan.outputs), writes, extent, producers)
 
 
 def _shadowed(extent: dict, producers: dict, users: dict, writes: list, inputs: set) -> set[int]:
@@ -502,8 +503,85 @@ def _silu_step(method, gate: int, out: int):
     return silu_step
 
 
+_DEQUANTIZE = "quantized_decomposed::dequantize_per_channel.out"
+_VIEW_COPY = "aten::view_copy.out"
+
+
+def _match_quantized_linear(g: Graph, anchor: Node) -> Optional[Fused]:
+    """mm(W, xT) where W = view_copy([add(] dequantize_per_channel(q, s, None, axis 0) [, m)])
+    of constants only (docs/quantized-llm.md): one quantized mat-mul on the packed weight."""
+    if anchor.op != "aten::mm.out" or len(anchor.args) != 2:
+        return None
+    m = _Match(g)
+    m.pcs.add(anchor.pc)
+    w, rows = anchor.args
+    node = g.producer(w)
+    if node is None:  # ExecuTorch's planner made the weight's view a second tensor over the same bytes
+        w = _planned_view_source(g, w, anchor.pc)
+        if w is None:
+            return None
+        node = g.producer(w)
+    if node is not None and node.op == _VIEW_COPY:
+        node = m.inner(w, _VIEW_COPY, anchor.pc)
+        w = node.args[0]
+    mins = None
+    add = g.producer(w)
+    if add is not None and add.op == "aten::add.out":
+        add = m.inner(w, "aten::add.out", node.pc if node is not None and node.op == _VIEW_COPY else anchor.pc)
+        if add is None or not m.alpha_one(add) or not g.is_const(add.args[1]):
+            return None
+        w, mins = add.args[0], add.args[1]
+    user = add.pc if mins is not None else (node.pc if node is not None and node.op == _VIEW_COPY else anchor.pc)
+    dq = m.inner(w, _DEQUANTIZE, user)
+    if dq is None or len(dq.args) < 7:
+        return None
+    q, scales, zeros, axis = dq.args[:4]
+    if not (g.is_const(q) and g.is_const(scales) and isinstance(g.value(zeros), P.Null) and _scalar(g, axis) == 0):
+        return None
+    n, k = g.value(anchor.args[0]).sizes
+    qshape = list(g.value(q).sizes)
+    if len(qshape) != 2 or qshape[0] * qshape[1] != n * k or not _float32(g, rows, anchor.out, dq.out):
+        return None
+    group = qshape[1] if qshape[0] != n else k  # [N*K/G, G] groups, or [N, K] one scale per row
+    if k % group:
+        return None
+    return Fused("quantized_linear", frozenset(m.pcs), anchor.pc, (rows,), anchor.out,
+                 lambda method: _quantized_linear_step(method, q, scales, mins, n, k, group, rows, anchor.out))
+
+
+def _planned_view_source(g: Graph, v: int, pc: int) -> Optional[int]:
+    """The value whose bytes `v` views when no instruction writes `v`: the last one written
+    before `pc` over exactly v's bytes, read by nothing else, with `v` read only at `pc`."""
+    if g.users.get(v) != [pc] or v in g.plan_outputs or v not in g.extent:
+        return None
+    for at in range(pc - 1, -1, -1):
+        hit = [w for w in g.writes[at] if g.overlaps(w, v)]
+        if hit:
+            (src,) = hit if len(hit) == 1 else (None,)
+            if src is None or g.extent.get(src) != g.extent[v] or g.users.get(src):
+                return None
+            g.pinned.discard(src)  # pinned only because v reads it, and v is read by this pattern alone
+            return src
+    return None
+
+
+def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: int, k: int, group: int,
+                           rows: int, out: int):
+    from ..kernels.fast.quantized import pack, qlinear
+
+    values = method.values
+    packed = pack(values[q].reshape(n, k), values[scales], None, group,
+                  None if mins is None else values[mins])
+    get_rows, store = _get(method, rows), method._store_fn(out)
+
+    def quantized_linear_step():
+        store(qlinear(get_rows().T, packed).T)  # mm(W, rows) = (rows.T @ W.T).T
+
+    return quantized_linear_step
+
+
 PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (
-    _match_rms_norm, _match_rope, _match_silu,
+    _match_rms_norm, _match_rope, _match_silu, _match_quantized_linear,
 )
 
 

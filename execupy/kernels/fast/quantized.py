@@ -14,6 +14,7 @@ so a test can compare them on the same inputs.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -21,18 +22,20 @@ import numpy as np
 # ---------------------------------------------------------------------------- numpy reference
 
 
-def _grouped(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int) -> np.ndarray:
+def _grouped(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
+             mins: Optional[np.ndarray] = None) -> np.ndarray:
     n, k = q.shape
     groups = q.reshape(n, k // group_size, group_size).astype(np.float32)
     if zeros is not None:
         groups = groups - zeros.reshape(n, -1, 1).astype(np.float32)
-    return groups * scales.reshape(n, -1, 1).astype(np.float32)
+    groups = groups * scales.reshape(n, -1, 1).astype(np.float32)
+    return groups if mins is None else groups + mins.reshape(n, -1, 1).astype(np.float32)
 
 
 def qmatmul_numpy(x: np.ndarray, q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray],
-                  group_size: int) -> np.ndarray:
-    """x[M, K] @ dequantized(q)[N, K].T, one group of the weight at a time in float32."""
-    w = _grouped(q, scales, zeros, group_size).reshape(q.shape)
+                  group_size: int, mins: Optional[np.ndarray] = None) -> np.ndarray:
+    """x[M, K] @ w[N, K].T with w = (q - zeros) * scales (+ mins) per group, in float32."""
+    w = _grouped(q, scales, zeros, group_size, mins).reshape(q.shape)
     return np.asarray(x, np.float32) @ w.T
 
 
@@ -57,12 +60,46 @@ def embedding_numpy(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarra
     return _grouped(q[rows], scales.reshape(q.shape[0], -1)[rows], z, group_size).reshape(len(rows), q.shape[1])
 
 
+def group_offsets(scales: np.ndarray, zeros: Optional[np.ndarray], mins: Optional[np.ndarray]) -> np.ndarray:
+    """Per group, what w = (q - zero) * scale + min adds to q * scale: min - zero * scale."""
+    offsets = np.zeros(scales.shape, np.float32)
+    if zeros is not None:
+        offsets -= zeros.reshape(scales.shape).astype(np.float32) * scales
+    if mins is not None:
+        offsets += mins.reshape(scales.shape).astype(np.float32)
+    return offsets
+
+
 # Below this much work a second thread costs more to wake than it saves (measured on 2 shared
 # cores: bench/README.md); prefill-sized products use every numba thread.
 PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
 
+@dataclass
+class PackedWeight:
+    """A grouped quantized weight laid out once, at load, for `qlinear`: w = q * scale + offset."""
+
+    q: np.ndarray  # int8 [N, K], contiguous
+    scales: np.ndarray  # float32 [N, K / group_size]
+    offsets: np.ndarray  # float32 [N, K / group_size]: min - zero * scale
+    group_size: int
+
+
+def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
+         mins: Optional[np.ndarray] = None) -> PackedWeight:
+    n = q.shape[0]
+    s = np.ascontiguousarray(scales.reshape(n, -1), np.float32)
+    return PackedWeight(np.ascontiguousarray(q), s, group_offsets(s, zeros, mins), group_size)
+
+
+def qlinear_numpy(x: np.ndarray, w: PackedWeight) -> np.ndarray:
+    """x[M, K] @ w.T, the weight dequantized in float32 for the call (numpy has no int8 x float32 product)."""
+    n, k = w.q.shape
+    groups = w.q.reshape(n, -1, w.group_size) * w.scales[:, :, None] + w.offsets[:, :, None]
+    return np.asarray(x, np.float32) @ groups.reshape(n, k).T
+
+
 NUMPY: dict[str, Callable] = {"qmatmul": qmatmul_numpy, "quantize_per_token": quantize_per_token_numpy,
-                              "embedding": embedding_numpy}
+                              "embedding": embedding_numpy, "qlinear": qlinear_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
@@ -74,7 +111,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         return None
 
     @numba.njit(cache=True, fastmath=True)
-    def _qmatmul_rows(x, xsum, q, scales, zeros, group_size, out, j0, j1):
+    def _qmatmul_rows(x, xsum, q, scales, offsets, group_size, out, j0, j1):
+        # w = q * s + o per group, o = mins - zeros * s: sum(x * w) = s * sum(x * q) + o * sum(x)
         m, k = x.shape
         for j in range(j0, j1):
             for r in range(m):
@@ -83,15 +121,15 @@ def _compile() -> Optional[dict[str, Callable]]:
                     acc = np.float32(0)
                     for c in range(g * group_size, (g + 1) * group_size):
                         acc += x[r, c] * np.float32(q[j, c])
-                    total += (acc - np.float32(zeros[j, g]) * xsum[r, g]) * scales[j, g]
+                    total += acc * scales[j, g] + offsets[j, g] * xsum[r, g]
                 out[r, j] = total
 
     @numba.njit(parallel=True, cache=True)
-    def _qmatmul_parallel(x, xsum, q, scales, zeros, group_size, out, chunks):
+    def _qmatmul_parallel(x, xsum, q, scales, offsets, group_size, out, chunks):
         n = q.shape[0]
         step = (n + chunks - 1) // chunks
         for t in numba.prange(chunks):
-            _qmatmul_rows(x, xsum, q, scales, zeros, group_size, out, t * step, min(n, (t + 1) * step))
+            _qmatmul_rows(x, xsum, q, scales, offsets, group_size, out, t * step, min(n, (t + 1) * step))
 
     @numba.njit(cache=True)
     def _quantize_per_token(x):
@@ -132,18 +170,19 @@ def _compile() -> Optional[dict[str, Callable]]:
                 out[i, c] = (np.float32(q[row, c]) - np.float32(zeros[row, g])) * scales[row, g]
         return out
 
-    def qmatmul(x, q, scales, zeros, group_size):
-        (n, k), m = q.shape, x.shape[0]
+    def qlinear(x, w: PackedWeight):
+        (n, k), m = w.q.shape, x.shape[0]
         x = np.ascontiguousarray(x, np.float32)
-        xsum = x.reshape(m, k // group_size, group_size).sum(axis=-1, dtype=np.float32)
-        s = scales.reshape(n, -1).astype(np.float32, copy=False)
-        z = np.zeros(s.shape, np.int32) if zeros is None else zeros.reshape(n, -1)
+        xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
         out = np.empty((m, n), np.float32)
         if m * n * k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1:
-            _qmatmul_parallel(x, xsum, q, s, z, group_size, out, numba.get_num_threads())
+            _qmatmul_parallel(x, xsum, w.q, w.scales, w.offsets, w.group_size, out, numba.get_num_threads())
         else:
-            _qmatmul_rows(x, xsum, q, s, z, group_size, out, 0, n)
+            _qmatmul_rows(x, xsum, w.q, w.scales, w.offsets, w.group_size, out, 0, n)
         return out
+
+    def qmatmul(x, q, scales, zeros, group_size, mins=None):
+        return qlinear(x, pack(q, scales, zeros, group_size, mins))
 
     def quantize_per_token(x):
         return _quantize_per_token(np.ascontiguousarray(x, np.float32))
@@ -154,7 +193,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         z = np.zeros(s.shape, np.int32) if zeros is None else zeros.reshape(n, -1).astype(np.int32)
         return _embedding(q, s, z, group_size, np.asarray(ids, np.int64).reshape(-1))
 
-    return {"qmatmul": qmatmul, "quantize_per_token": quantize_per_token, "embedding": embedding}
+    return {"qmatmul": qmatmul, "quantize_per_token": quantize_per_token, "embedding": embedding,
+            "qlinear": qlinear}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
@@ -164,3 +204,4 @@ _ACTIVE = NUMBA or NUMPY
 qmatmul: Callable = _ACTIVE["qmatmul"]
 quantize_per_token: Callable = _ACTIVE["quantize_per_token"]
 embedding: Callable = _ACTIVE["embedding"]
+qlinear: Callable = _ACTIVE["qlinear"]
