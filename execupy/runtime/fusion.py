@@ -22,10 +22,11 @@ it takes. The rule (docs/fusion.md says the same for users):
    * RMSNorm: `mul(mul(x, rsqrt(add(mean(pow(x, 2) | mul(x, x), [-1], keepdim), eps))), w)`.
    * RoPE (rotate-half): `cat([a*c - b*s, b*c + a*s], -1)`.
    * SiLU (the gate of SwiGLU): `mul(g, sigmoid(g))`.
-   * Quantized linear: `dequantize_per_channel_group` / `dequantize_per_channel` of a
-     constant weight, through views, into `mm` / `linear` / `addmm` → one compiled
-     quantized mat-mul (`execupy.kernels.fast.qlinear`); the weight is re-laid once at
-     load and never expanded to float32 per call.
+   * Quantized linear (docs/quantized-llm.md): `mm(W, rows)` where
+     `W = view(dequantize_per_channel(q, s, None, axis 0) [+ m])` of constants → one
+     quantized mat-mul (`execupy.kernels.fast.quantized.qlinear`); the weight is packed
+     once at load and never expanded to float32 per call (numba; the numpy fallback
+     dequantizes per call as the unfused program did).
    Each fused kernel runs the same float32 operations in the same order as the
    portable kernels it replaces, so results are bit-identical, except the quantized
    linear, which accumulates in a different order (equal within float32 rounding,
@@ -35,7 +36,8 @@ it takes. The rule (docs/fusion.md says the same for users):
    the program's own instructions), nor any method when `EXECUPY_FUSION=0`
    (`Program.load_method(..., fuse=False)` does the same for one method).
 
-`Method.executed_steps` counts the steps a call runs after fusion.
+`Method.executed_steps` counts the steps a call runs after fusion. docs/fusion.md is the
+user's version of this rule.
 """
 from __future__ import annotations
 
