@@ -41,6 +41,7 @@ user's version of this rule.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -179,7 +180,7 @@ def build_graph(method) -> Graph:
     for i, v in enumerate(plan.values):
         if isinstance(v, P.Tensor) and v.allocation_info is not None:
             try:
-                size = int(np.prod(v.sizes, dtype=np.int64)) * P.numpy_dtype(v.scalar_type).itemsize
+                size = math.prod(v.sizes) * P.numpy_dtype(v.scalar_type).itemsize
             except KeyError:
                 continue
             start = v.allocation_info.offset
@@ -193,18 +194,26 @@ def _shadowed(extent: dict, producers: dict, users: dict, writes: list, inputs: 
     plans a no-op view as a second tensor over the same memory, without an instruction. What
     such a value reads is what the last instruction before the read wrote there, so that
     write must stay where the program has it."""
-
-    def over(a, b):
-        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
-
+    implicit = [i for i in extent if i not in producers and i not in inputs and users.get(i)]
+    if not implicit:
+        return set()
+    mem, start, end = (np.array([extent[i][k] for i in implicit]) for k in range(3))
+    last_write: dict[int, set[int]] = {}  # implicit value -> what the latest writer so far wrote over it
     shadowed: set[int] = set()
-    for v in (i for i in extent if i not in producers and i not in inputs and users.get(i)):
-        for u in set(users[v]):
-            for pc in range(u - 1, -1, -1):
-                hit = {w for w in writes[pc] if w in extent and over(extent[w], extent[v])}
-                if hit:
-                    shadowed |= hit
-                    break
+    reads = {}
+    for v in implicit:
+        for u in users[v]:
+            reads.setdefault(u, []).append(v)
+    for pc, written in enumerate(writes):
+        for v in reads.get(pc, ()):  # a read sees the writes before its instruction
+            shadowed |= last_write.get(v, set())
+        hits: dict[int, set[int]] = {}
+        for w in written:
+            if w in extent:
+                m, s, e = extent[w]
+                for k in np.flatnonzero((mem == m) & (start < e) & (s < end)):
+                    hits.setdefault(implicit[k], set()).add(w)
+        last_write.update(hits)
     return shadowed
 
 
