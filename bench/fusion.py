@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     print(f"program: {path}")
     print(f"{'':10}{'steps/token':>12}{'decode tok/s':>14}{'CPU ms/token':>14}{'bind s':>9}")
     for name, method in methods.items():
-        print(f"{name:10}{method.executed_steps:12d}{rates[name]:14.2f}{cpu[name]:14.1f}{loads[name]:9.2f}")
+        print(f"{name:10}{method.steps_per_call:12d}{rates[name]:14.2f}{cpu[name]:14.1f}{loads[name]:9.2f}")
     print(f"fused/unfused decode: {rates['fused'] / rates['unfused']:.2f}x tok/s, "
           f"{cpu['unfused'] / cpu['fused']:.2f}x less CPU per token")
     top = Counter(methods["fused"]._op_names).most_common(8)

@@ -4,9 +4,11 @@
     execupy run model.pte [--method NAME] [--inputs in.npz | --random-inputs] [--repeat N] [--save out.npz]
                           [--etdump trace.etdp [--debug-buffer trace.bin]]
     execupy verify model.bpte [--rtol R] [--atol A]
+    execupy profile model.pte [--inputs in.npz | --random-inputs] [--etrecord R] [--repeat N] -o report.html
+    execupy debug model.pte --etrecord R [--inputs in.npz]
 
 LLM commands (export-llm, generate, chat) come from `execupy.llm.cli.register`, `kernels`
-from `execupy.devtools.kernel_list`, `serve` from `execupy.serve.cli`.
+from `execupy.devtools.kernel_list`, `profile` and `debug` from `execupy.devtools.cli`, `serve` from `execupy.serve.cli`.
 Convention for every subcommand: its parser sets `func=handler` with
 `set_defaults`, and `handler(args) -> int` returns the exit status. An
 `ExecupyError` (or a missing file) raised by a handler is printed as
@@ -46,13 +48,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .devtools import cli as devtools_cli
     from .devtools import kernel_list as kernels_cli
     from .llm import cli as llm_cli
     from .serve import cli as serve_cli
 
     parser = argparse.ArgumentParser(
         prog="execupy",
-        description="ExecuTorch, written in Python: inspect and run .pte programs with a numpy-only runtime.",
+        description="ExecuTorch, written in Python: inspect, run, profile and debug .pte programs with a "
+        "numpy-only runtime.",
     )
     parser.add_argument("--version", action="version", version=f"execupy {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -61,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub)
     llm_cli.register(sub)
     kernels_cli.register(sub)
+    devtools_cli.register(sub)
     serve_cli.register(sub)
     return parser
 
@@ -109,10 +114,7 @@ def _add_run(sub) -> None:
         "are filled in automatically.",
     )
     p.add_argument("file", help="path of the .pte program")
-    p.add_argument("--method", default=None, help="method to run (default: forward, or the only method)")
-    p.add_argument("--inputs", metavar="IN.npz", help="inputs as arrays in0, in1, ... in an .npz file")
-    p.add_argument("--random-inputs", action="store_true", help="use random inputs of the method's input shapes")
-    p.add_argument("--seed", type=int, default=0, help="seed of --random-inputs (default 0)")
+    add_input_options(p)
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="execute N times and report timing (default 1)")
     p.add_argument("--save", metavar="OUT.npz", help="write the outputs as out0, out1, ... to an .npz file")
     p.add_argument("--etdump", metavar="OUT.etdp",
@@ -120,6 +122,15 @@ def _add_run(sub) -> None:
     p.add_argument("--debug-buffer", metavar="OUT.bin",
                    help="with --etdump: also log every intermediate output, their tensors into this file")
     p.set_defaults(func=cmd_run)
+
+
+def add_input_options(p: argparse.ArgumentParser) -> None:
+    """--method and where its inputs come from (read by _pick_method and _inputs); shared with
+    the commands that run a program too (profile, debug)."""
+    p.add_argument("--method", default=None, help="method to run (default: forward, or the only method)")
+    p.add_argument("--inputs", metavar="IN.npz", help="inputs as arrays in0, in1, ... in an .npz file")
+    p.add_argument("--random-inputs", action="store_true", help="use random inputs of the method's input shapes")
+    p.add_argument("--seed", type=int, default=0, help="seed of --random-inputs (default 0)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -62,8 +62,8 @@ def test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps():
     program, (fused, plain), (a, b) = generate_both(pte, [1, 9690, 314, 253, 1345, 30], steps=4)
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
-    assert plain.executed_steps == len(program.plan("forward").instructions)
-    assert fused.executed_steps < plain.executed_steps / 3
+    assert plain.steps_per_call == len(program.plan("forward").instructions)
+    assert fused.steps_per_call < plain.steps_per_call / 3
 
 
 @pytest.mark.parametrize("flags", ["fp32", "int8"])
@@ -74,7 +74,7 @@ def test_fused_executorch_llm_program_equals_unfused(flags):
     _, (fused, plain), (a, b) = generate_both(pte, [1, 5, 17, 42, 7], steps=5)
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
-    assert fused.executed_steps < plain.executed_steps
+    assert fused.steps_per_call < plain.steps_per_call
 
 
 def test_fusion_is_off_when_asked_and_under_an_event_tracer(monkeypatch, tmp_path):
@@ -82,11 +82,11 @@ def test_fusion_is_off_when_asked_and_under_an_event_tracer(monkeypatch, tmp_pat
 
     pte = export_with_executorch(PORTABLE_FP32)
     n = len(Program.load(pte).plan("forward").instructions)
-    assert Module(pte).method("forward").executed_steps < n
-    assert Module(pte, fuse=False).method("forward").executed_steps == n
-    assert Module(pte, event_tracer=EventTracer()).method("forward").executed_steps == n
+    assert Module(pte).method("forward").steps_per_call < n
+    assert Module(pte, fuse=False).method("forward").steps_per_call == n
+    assert Module(pte, event_tracer=EventTracer()).method("forward").steps_per_call == n
     monkeypatch.setenv("EXECUPY_FUSION", "0")
-    assert Module(pte).method("forward").executed_steps == n
+    assert Module(pte).method("forward").steps_per_call == n
 
 
 # (form, group, bits, with minimum) of docs/quantized-llm.md's weight forms

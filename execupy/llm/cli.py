@@ -2,6 +2,7 @@
 
     execupy export-llm --gguf model.gguf [--max-seq-len 512] -o model.pte
     execupy generate model.pte --prompt "Hello" [--temperature 0.7 --top-p 0.9 --seed 1] [--stats]
+    execupy generate model.pte --prompt "Hello" --max-new-tokens 16 --profile report.html
     execupy generate model.pte --raw --prompt $'<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
     execupy chat model.pte
 
@@ -95,6 +96,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--raw", action="store_true",
                    help="raw in, raw out: tokenize the prompt as written, special tokens such as <|im_start|> "
                         "included, without the chat template; print generated special tokens as their text")
+    p.add_argument("--profile", metavar="REPORT.html",
+                   help="trace every forward call and write an HTML profile of prefill and decode "
+                        "(time per operator, a timeline, the table; see `execupy profile`)")
     p.add_argument("--print-token-ids", action="store_true",
                    help='print {"prompt_ids": [...], "generated_ids": [...]} as one JSON line on stderr '
                         "(to check tokenization)")
@@ -139,7 +143,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from execupy.llm.sampler import Sampler
 
     sampler = Sampler(_sampler_config(args))
-    runner = LLMRunner(args.model, args.tokenizer)
+    tracer = None
+    if args.profile:
+        from execupy.devtools.tracer import EventTracer
+
+        tracer = EventTracer()
+    runner = LLMRunner(args.model, args.tokenizer, event_tracer=tracer)
     chat = bool(runner.tokenizer.chat_template) and not args.raw
     prompt_ids = runner.encode_prompt(args.prompt, chat=chat)
     new = runner.generate_tokens(prompt_ids, args.max_new_tokens, sampler, ignore_eos=args.ignore_eos,
@@ -148,7 +157,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.print_token_ids:
         print(json.dumps({"prompt_ids": prompt_ids, "generated_ids": new}), file=sys.stderr)
     _print_stats(args, runner.stats)
+    if tracer is not None:
+        _write_profile(args, runner, tracer, len(prompt_ids))
     return 0
+
+
+def _write_profile(args: argparse.Namespace, runner, tracer, prompt_tokens: int) -> None:
+    """The HTML profile of a generation: its first forward calls fed the prompt, the rest decoded."""
+    from pathlib import Path
+
+    from execupy.devtools.inspector import Inspector
+    from execupy.devtools.report import render_report, write_report
+
+    prefill_calls = -(-prompt_tokens // runner.meta.max_prefill_len)
+    calls = [b for b in tracer.blocks if b.name == "Execute"]
+    for k, block in enumerate(calls):
+        block.name = "Prefill" if k < prefill_calls else "Decode"
+    sections = [("Prefill", f"prefill: {prompt_tokens} prompt tokens in {prefill_calls} call(s)")]
+    if len(calls) > prefill_calls:
+        sections.append(("Decode", f"decode: {len(calls) - prefill_calls} call(s) of one token"))
+    facts = [f"prompt {prompt_tokens} tokens, {runner.stats.generated_tokens} generated", runner.stats.report()]
+    write_report(args.profile, render_report(Inspector.from_tracer(tracer), Path(args.model).name, sections, facts))
+    print(f"profile written to {args.profile}", file=sys.stderr)
 
 
 def _read_line(prompt: str) -> str:

@@ -195,13 +195,16 @@ class TextStream:
 
 
 class LLMRunner:
-    def __init__(self, pte_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> None:
+    def __init__(self, pte_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
+                 event_tracer=None) -> None:
+        """`event_tracer` (execupy.devtools.tracer.EventTracer) traces the forward calls only
+        (not the metadata methods read here), so its Execute blocks are the model's calls."""
         from execupy.llm.tokenizer import load_tokenizer
 
         t0 = time.perf_counter()
         self.module = Module(str(pte_path))
         self.meta = read_metadata(self.module)
-        self.forward = self.module.method("forward")
+        self.forward = self.module.program.load_method("forward", event_tracer=event_tracer)
         m = self.meta
         self.tokenizer = load_tokenizer(tokenizer_path or find_tokenizer(pte_path), bos_id=m.bos_id,
                                         eos_ids=m.eos_ids, add_bos=m.add_bos, chat_template=m.chat_template)

@@ -32,10 +32,13 @@ class Backend(Protocol):
 
 
 class BackendContext:
-    """What a backend may ask of the program at init time."""
+    """What a backend may ask of the program at init time. `event_tracer` is the method's
+    EventTracer when it is traced (None otherwise): a backend that can time its own steps
+    reports them with `event_tracer.log_delegate_event(debug_id, start_ns, end_ns, name)`."""
 
-    def __init__(self, named_data: Callable[[str], memoryview]):
+    def __init__(self, named_data: Callable[[str], memoryview], event_tracer: Any = None):
         self.named_data = named_data
+        self.event_tracer = event_tracer
 
 
 BACKENDS: dict[str, Backend] = {}

@@ -36,7 +36,7 @@ it takes. The rule (docs/fusion.md says the same for users):
    the program's own instructions), nor any method when `EXECUPY_FUSION=0`
    (`Program.load_method(..., fuse=False)` does the same for one method).
 
-`Method.executed_steps` counts the steps a call runs after fusion. docs/fusion.md is the
+`Method.steps_per_call` counts the steps a call runs after fusion. docs/fusion.md is the
 user's version of this rule.
 """
 from __future__ import annotations
@@ -279,7 +279,10 @@ class Alias:
         # BLAS or reduction path and round differently. A contiguous view costs no copy.
         view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
         if static and self.constant and all(s for s, _ in params):
-            return True, view(src, *(p for _, p in params))
+            try:
+                return True, view(src, *(p for _, p in params))
+            except Exception:  # a malformed view: leave the error to the call, as the copy kernel would
+                pass
         # Otherwise made at each read: a reshape of a strided array is a copy, not a view.
         getters = [(lambda p=p: p) if s else p for s, p in params]
         get_src = (lambda: src) if static else src
@@ -554,7 +557,9 @@ def _match_quantized_linear(g: Graph, anchor: Node) -> Optional[Fused]:
     if len(qshape) != 2 or qshape[0] * qshape[1] != n * k or not _float32(g, rows, anchor.out, dq.out):
         return None
     group = qshape[1] if qshape[0] != n else k  # [N*K/G, G] groups, or [N, K] one scale per row
-    if k % group:
+    groups = n * k // group if group and not k % group else 0
+    if not groups or math.prod(g.value(scales).sizes) != groups or not _float32(g, scales) or (
+            mins is not None and (math.prod(g.value(mins).sizes) != groups or not _float32(g, mins))):
         return None
     return Fused("quantized_linear", frozenset(m.pcs), anchor.pc, (rows,), anchor.out,
                  lambda method: _quantized_linear_step(method, q, scales, mins, n, k, group, rows, anchor.out))

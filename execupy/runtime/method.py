@@ -77,9 +77,10 @@ def _numel(sizes: Sequence[int]) -> int:
 class Method:
     """An executable method of a Program. Create it with `Program.load_method(name)`."""
 
-    def __init__(self, program, plan: P.ExecutionPlan, fuse: Optional[bool] = None):
+    def __init__(self, program, plan: P.ExecutionPlan, event_tracer=None, fuse: Optional[bool] = None):
         self.program = program
         self.plan = plan
+        self.event_tracer = event_tracer  # handed to delegates at init, for their own events
         self.name = plan.name
         self.max_steps_per_call = program.max_steps_per_call  # bound on executed instructions with jumps
         self._plan_values = plan.values
@@ -98,7 +99,7 @@ class Method:
             raise MalformedProgramError(f"method {self.name!r} has {len(plan.chains)} chains; only one is supported")
         self._has_jumps = any(isinstance(ins, P.JumpFalseCall) for ins in instructions)
         self._op_names: list[str] = []
-        self._fusion = plan_fusion(self) if (fusion_enabled() if fuse is None else fuse) else None
+        self._fusion = self._plan_fusion(fusion_enabled() if fuse is None else fuse)
         self._steps: list[Step] = self._bind_all(instructions)
         self._input_setters = [self._input_setter(k, i) for k, i in enumerate(plan.inputs)]
         for i in plan.outputs:
@@ -218,6 +219,14 @@ class Method:
 
     # ------------------------------------------------------------------ binding
 
+    def _plan_fusion(self, fuse: bool):
+        if not fuse:
+            return None
+        try:
+            return plan_fusion(self)
+        except Exception:  # a malformed plan: binding it unfused names what is wrong, with a typed error
+            return None
+
     def _bind_all(self, instructions: Sequence[P.Instruction]) -> list[Step]:
         """One step per instruction, or, with a fusion plan (runtime/fusion.py), one per fused group."""
         fusion = self._fusion
@@ -233,8 +242,9 @@ class Method:
         return steps
 
     @property
-    def executed_steps(self) -> int:
-        """How many steps one call runs (a method without jumps): instructions after fusion."""
+    def steps_per_call(self) -> int:
+        """Bound steps one call runs: the plan's instructions, fewer where fusion merged some
+        (a method with jumps is not fused, and runs as many as its jumps take it through)."""
         return len(self._steps)
 
     def _arg(self, i: int) -> tuple[bool, Any]:
@@ -422,7 +432,7 @@ class Method:
         backend = get_backend(d.id)
         payload = self.program.delegate_payload(d.processed)
         try:
-            handle = backend.init(payload, d.compile_specs, BackendContext(self.program.named_data))
+            handle = backend.init(payload, d.compile_specs, BackendContext(self.program.named_data, self.event_tracer))
         except ExecupyError:
             raise
         except Exception as e:

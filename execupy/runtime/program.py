@@ -146,7 +146,7 @@ class Program:
         if event_tracer is None:
             return Method(self, self.plan(name), fuse=fuse)
         started = time.perf_counter_ns()
-        method = Method(self, self.plan(name), fuse=False)
+        method = Method(self, self.plan(name), event_tracer=event_tracer, fuse=False)
         event_tracer.attach(method, load_started_ns=started)
         return method
 

