@@ -30,6 +30,7 @@ from ..schema import program as P
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
 from .backends import BackendContext, backend_names, get_backend
+from .fusion import fusion_enabled, plan_fusion
 
 Step = Callable[[], Optional[int]]  # returns a jump destination, or None to fall through
 
@@ -98,7 +99,7 @@ def _numel(sizes: Sequence[int]) -> int:
 class Method:
     """An executable method of a Program. Create it with `Program.load_method(name)`."""
 
-    def __init__(self, program, plan: P.ExecutionPlan, event_tracer=None):
+    def __init__(self, program, plan: P.ExecutionPlan, event_tracer=None, fuse: Optional[bool] = None):
         started = time.perf_counter()
         self.program = program
         self.plan = plan
@@ -121,7 +122,8 @@ class Method:
             raise MalformedProgramError(f"method {self.name!r} has {len(plan.chains)} chains; only one is supported")
         self._has_jumps = any(isinstance(ins, P.JumpFalseCall) for ins in instructions)
         self._op_names: list[str] = []
-        self._steps: list[Step] = [self._bind(pc, ins) for pc, ins in enumerate(instructions)]
+        self._fusion = self._plan_fusion(fusion_enabled() if fuse is None else fuse)
+        self._steps: list[Step] = self._bind_all(instructions)
         self._input_setters = [self._input_setter(k, i) for k, i in enumerate(plan.inputs)]
         for i in plan.outputs:
             self._check_index(i, "output")
@@ -138,7 +140,8 @@ class Method:
     @property
     def steps_per_call(self) -> int:
         """Bound steps one call runs: the plan's instructions as bound at load (fewer where
-        load-time work merged some), or, for a method with jumps, the count of its last call."""
+        load-time fusion merged some), or, for a method with jumps (never fused), the count of
+        its last call."""
         return self.steps_last_call if self._has_jumps else len(self._steps)
 
     # ------------------------------------------------------------------ loading
@@ -255,9 +258,34 @@ class Method:
 
     # ------------------------------------------------------------------ binding
 
+    def _plan_fusion(self, fuse: bool):
+        if not fuse:
+            return None
+        try:
+            return plan_fusion(self)
+        except Exception:  # a malformed plan: binding it unfused names what is wrong, with a typed error
+            return None
+
+    def _bind_all(self, instructions: Sequence[P.Instruction]) -> list[Step]:
+        """One step per instruction, or, with a fusion plan (runtime/fusion.py), one per fused group."""
+        fusion = self._fusion
+        if fusion is None:
+            return [self._bind(pc, ins) for pc, ins in enumerate(instructions)]
+        steps = []
+        for pc, ins in enumerate(instructions):
+            if pc in fusion.fused:
+                steps.append(fusion.step_at(self, pc))
+                self._op_names.append("fused:" + fusion.fused[pc].name)
+            elif pc not in fusion.removed:
+                steps.append(self._bind(pc, ins))
+        return steps
+
     def _arg(self, i: int) -> tuple[bool, Any]:
         """(is_static, value_or_getter) for argument value i."""
         self._check_index(i, "an instruction argument")
+        alias = self._fusion.aliases.get(i) if self._fusion is not None else None
+        if alias is not None:  # a view op that fusion does not execute: read a view of its source
+            return alias.arg(self)
         v = self._plan_values[i]
         values = self.values
         if isinstance(v, P.IntList):

