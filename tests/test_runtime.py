@@ -208,5 +208,8 @@ def test_a_method_reports_its_load_time_and_the_steps_each_call_runs(case):
     # A cond runs one branch and jumps over the other: each call runs fewer than all of them,
     # and the two branches differ in length.
     assert all(0 < n < method.num_instructions for n in ran) and ran[0] != ran[1]
-    plain = Program.load(topic("linear_relu")[-1].pte).load_method("forward")
-    assert plain.steps_per_call == plain.num_instructions  # no jumps: every instruction, every call
+    program = Program.load(topic("linear_relu")[-1].pte)
+    plain = program.load_method("forward", fuse=False)
+    assert plain.steps_per_call == plain.num_instructions  # no jumps, no fusion: every instruction, every call
+    fused = program.load_method("forward")  # load-time fusion skips the view ops: fewer steps
+    assert 0 < fused.steps_per_call < plain.num_instructions
