@@ -64,6 +64,8 @@ def test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps():
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
     assert plain.steps_per_call == len(program.plan("forward").instructions)
     assert fused.steps_per_call < plain.steps_per_call * 2 / 3  # views skipped, RMSNorm and SiLU one step each
+    # lean's RoPE (x*cos + cat(halves swapped)*sin, docs/llm-graph.md): one step for q and k of each layer
+    assert fused._op_names.count("fused:rope") == 2 * 30 and "aten::cat.out" not in fused._op_names
 
 
 @pytest.mark.parametrize("flags", ["fp32", "int8"])

@@ -489,6 +489,75 @@ def _rope_step(method, inputs, dim: int, out: int):
     return rope_step
 
 
+def _match_rope_swapped(g: Graph, anchor: Node) -> Optional[Fused]:
+    """x*cos + cat([x[..., D/2:], x[..., :D/2]], -1)*sin: rotary embedding with pre-signed
+    tables (docs/llm-graph.md), either operand order of each add and mul."""
+    if anchor.op != "aten::add.out" or len(anchor.args) < 2:
+        return None
+    for order in ((0, 1), (1, 0)):
+        m = _Match(g)
+        m.pcs.add(anchor.pc)
+        if not m.alpha_one(anchor):
+            return None
+        direct = m.inner(anchor.args[order[0]], "aten::mul.out", anchor.pc)
+        rotated = direct and m.inner(anchor.args[order[1]], "aten::mul.out", anchor.pc)
+        if not rotated:
+            continue
+        for cat_ix in (0, 1):
+            cat = g.producer(rotated.args[cat_ix])
+            if cat is None or cat.op != "aten::cat.out" or cat.pc in m.pcs:
+                continue
+            sin = rotated.args[1 - cat_ix]
+            x = _swapped_halves_of(g, m, cat, rotated.pc)
+            if x is None or x not in direct.args[:2] or len(direct.args) < 2:
+                continue
+            cos = direct.args[1] if direct.args[0] == x else direct.args[0]
+            if not _float32(g, x, cos, sin, direct.out, rotated.out, cat.out, anchor.out):
+                continue
+            inputs = (x, cos, sin)
+            return Fused("rope", frozenset(m.pcs), anchor.pc, inputs, anchor.out,
+                         lambda method: _rope_swapped_step(method, inputs, anchor.out))
+    return None
+
+
+def _swapped_halves_of(g: Graph, m: _Match, cat: Node, user: int) -> Optional[int]:
+    """x, when `cat` is cat([slice(x, -1, D/2, D), slice(x, -1, 0, D/2)], -1) read only by `user`."""
+    parts = g.value(cat.args[0])
+    if not isinstance(parts, P.TensorList) or len(parts.items) != 2 or g.sole_user(cat.out) != user:
+        return None
+    slices = [g.producer(v) for v in parts.items]
+    if any(s is None or s.op != "aten::slice_copy.Tensor_out" or len(s.args) < 5 or g.sole_user(s.out) != cat.pc
+           for s in slices) or slices[0].args[0] != slices[1].args[0]:
+        return None
+    x = slices[0].args[0]
+    sizes = getattr(g.value(x), "sizes", None)
+    if not sizes or sizes[-1] % 2 or _scalar(g, cat.args[1]) not in (-1, len(sizes) - 1):
+        return None
+    d = sizes[-1]
+    bounds = []
+    for s in slices:
+        dim, start, end, step = (_scalar(g, a) for a in s.args[1:5])
+        if dim not in (-1, len(sizes) - 1) or step != 1 or start is None or end is None:
+            return None
+        bounds.append(clamp_slice(d, start, end, 1))
+    if bounds != [slice(d // 2, d, 1), slice(0, d // 2, 1)]:
+        return None
+    m.pcs.update((cat.pc, slices[0].pc, slices[1].pc))
+    return x
+
+
+def _rope_swapped_step(method, inputs, out: int):
+    from ..kernels.fast import rope_swapped
+
+    gx, gc, gs = (_get(method, i) for i in inputs)
+    store = method._store_fn(out)
+
+    def rope_swapped_step():
+        store(rope_swapped(gx(), gc(), gs()))
+
+    return rope_swapped_step
+
+
 def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
     """mul(g, sigmoid(g)): SiLU, the gate of SwiGLU. (Fusing the up-projection's mul as well
     would move the gate's read after the up-projection, which often reuses the gate's bytes.)"""
@@ -597,7 +666,7 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
 
 
 PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (
-    _match_rms_norm, _match_rope, _match_silu, _match_quantized_linear,
+    _match_rms_norm, _match_rope, _match_rope_swapped, _match_silu, _match_quantized_linear,
 )
 
 
@@ -653,10 +722,11 @@ def plan_fusion(method) -> Optional[FusionPlan]:
     if any(isinstance(ins, P.JumpFalseCall) for ins in plan.instructions):
         return None
     g = build_graph(method)
-    views = {pc for pc, node in g.nodes.items() if _viewable(g, node)}
+    candidates = {pc for pc, node in g.nodes.items() if _viewable(g, node)}
     patterns = find_patterns(g)
     while True:
         inner = {pc for f in patterns.values() for pc in f.pcs if pc != f.anchor}
+        views = candidates - inner  # a view a pattern swallowed (RoPE's slices) is read by that step
         removed = views | inner
         read_at = {pc: f.anchor for f in patterns.values() for pc in f.pcs}
         # A fused step reads all its inputs before it writes: its own write cannot clobber them.
@@ -665,7 +735,7 @@ def plan_fusion(method) -> Optional[FusionPlan]:
         unsafe = [a for a, f in patterns.items() if not _safe(g, aliases, f, skip)]
         if not failed and not unsafe:
             break
-        views -= failed
+        candidates -= failed
         for a in unsafe:
             del patterns[a]
     if not aliases and not patterns:

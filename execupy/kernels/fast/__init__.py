@@ -1,6 +1,6 @@
 """Kernels for fused steps (execupy.runtime.fusion) and the hot quantized ops.
 
-The float32 kernels here (`rms_norm`, `rope`, `silu`) do, in one call, the very
+The float32 kernels here (`rms_norm`, `rope`, `rope_swapped`, `silu`) do, in one call, the very
 operations the portable kernels they replace do one instruction at a time, in the same
 order and dtype, so they are bit-identical to the unfused plan.
 
@@ -26,6 +26,16 @@ def rms_norm(x: np.ndarray, eps, weight: np.ndarray) -> np.ndarray:
 def rope(a: np.ndarray, b: np.ndarray, c: np.ndarray, s: np.ndarray, dim: int) -> np.ndarray:
     """cat([a*c - b*s, b*c + a*s], dim): rotate-half rotary position embedding."""
     return np.concatenate((a * c - b * s, b * c + a * s), axis=dim)
+
+
+def rope_swapped(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x*cos + cat([x[..., D/2:], x[..., :D/2]], -1)*sin, as mul, cat, mul, add compute it
+    (the tables are (cos, cos) and (-sin, sin): docs/llm-graph.md)."""
+    half = x.shape[-1] // 2
+    swapped = np.empty_like(x)
+    swapped[..., :half] = x[..., half:]
+    swapped[..., half:] = x[..., :half]
+    return np.add(x * cos, swapped * sin)
 
 
 def silu(gate: np.ndarray) -> np.ndarray:
