@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..schema import program as P
+from ..runtime.fusion import VIEW_OPS as COPYING_VIEW_OPS
 from . import memory_planning as mp
 from .backend import ABSORBED, executorch_call_delegate
 from .debug_info import HANDLE
@@ -244,6 +245,16 @@ class MethodEmitter:
             self._op_index[key] = len(self.operators)
             self.operators.append(P.Operator(name, overload))
         self._instr(P.KernelCall(self._op_index[key], args), args)
+        if self.operators[self._op_index[key]].key in COPYING_VIEW_OPS:
+            self._keep_view_source(args[0], args[-1])
+
+    def _keep_view_source(self, src: int, out: int) -> None:
+        """A view op's source keeps its bytes while the view's result is read, so a runtime may
+        read a view of the source instead of running the copy (execupy's load-time fusion,
+        docs/fusion.md; ExecuTorch plans views as shared memory too). Costs arena bytes only
+        where the source would otherwise have been reused early."""
+        if src in self.storages and out in self.storages:
+            self.storages[src].root().outlives.append(self.storages[out])
 
     # ------------------------------------------------------------------ nodes
 

@@ -4,7 +4,7 @@ The emitter creates a `Storage` for every planned tensor and records, as it writ
 instructions, the first and last instruction index that touches it. Two storages may
 be *merged* (they must share bytes: a cond branch result and the cond output, docs/format.md §19)
 or *linked* (one must outlive another: a tensor whose handle is moved into a value
-that is used later). Planning then places storages, largest first, at the lowest
+that is used later; a view op's source that must keep its bytes while the view is read). Planning then places storages, largest first, at the lowest
 16-byte-aligned offset where no storage with an overlapping lifetime sits
 (docs/format.md §15: any plan where live tensors do not overlap is valid).
 """
