@@ -349,6 +349,7 @@ class Fused:
     inputs: tuple[int, ...]
     out: int
     bind: Callable[[Any], Callable[[], None]]  # method -> step
+    fallback: Optional["Fused"] = None  # the smaller pattern to try when this one is unsafe
 
 
 def _float32(g: Graph, *values: int) -> bool:
@@ -424,6 +425,48 @@ def _match_rms_norm(g: Graph, anchor: Node) -> Optional[Fused]:
             return Fused("rms_norm", frozenset(m.pcs), anchor.pc, (x, eps, w), anchor.out,
                          lambda method, x=x, eps=eps, w=w: _rms_norm_step(method, x, eps, w, anchor.out))
     return None
+
+
+def _match_add_rms_norm(g: Graph, anchor: Node) -> Optional[Fused]:
+    """h = add(a, b); rms_norm(h): a residual add and the RMSNorm after it, one step writing
+    both h and the norm. Only when every instruction between the add and the norm's last is
+    part of the norm (so delaying h's write moves it past nothing) and every other reader of h
+    comes after."""
+    norm = _match_rms_norm(g, anchor)
+    if norm is None:
+        return None
+    h = norm.inputs[0]
+    add = g.producer(h)
+    if add is None or add.op != "aten::add.out" or add.pc in norm.pcs or len(add.args) < 2 or h in g.pinned:
+        return None
+    a, b = add.args[:2]
+    if not _Match(g).alpha_one(add) or not _float32(g, a, b, h) or not all(
+            isinstance(g.value(v), P.Tensor) for v in (a, b)):
+        return None
+    if any(pc not in norm.pcs for pc in range(add.pc + 1, anchor.pc)) or any(
+            u < anchor.pc and u not in norm.pcs for u in g.users.get(h, [])):
+        return None
+    _, eps, w = norm.inputs
+    # h is now written at the anchor: say so, so that a view read later whose source shares h's
+    # bytes is checked against this write (harmless if the pattern is dropped: h is live there).
+    g.writes[anchor.pc].add(h)
+    return Fused("add_rms_norm", norm.pcs | {add.pc}, anchor.pc, (a, b, eps, w), anchor.out,
+                 lambda method: _add_rms_norm_step(method, a, b, eps, w, h, anchor.out), fallback=norm)
+
+
+def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: int):
+    from ..kernels.fast import rms_norm
+
+    ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
+    store_h, store = method._store_fn(h), method._store_fn(out)
+
+    def add_rms_norm_step():
+        total = np.add(ga(), gb())
+        normed = rms_norm(total, ge(), gw())
+        store_h(total)
+        store(normed)
+
+    return add_rms_norm_step
 
 
 def _dims(g: Graph, i: int) -> Optional[tuple]:
@@ -666,7 +709,7 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
 
 
 PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (
-    _match_rms_norm, _match_rope, _match_rope_swapped, _match_silu, _match_quantized_linear,
+    _match_add_rms_norm, _match_rms_norm, _match_rope, _match_rope_swapped, _match_silu, _match_quantized_linear,
 )
 
 
@@ -737,7 +780,10 @@ def plan_fusion(method) -> Optional[FusionPlan]:
             break
         candidates -= failed
         for a in unsafe:
-            del patterns[a]
+            if patterns[a].fallback is None:
+                del patterns[a]
+            else:
+                patterns[a] = patterns[a].fallback
     if not aliases and not patterns:
         return None
     return FusionPlan(aliases, removed, patterns)
