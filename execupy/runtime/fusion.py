@@ -21,6 +21,9 @@ it takes. The rule (docs/fusion.md says the same for users):
    positions; every intermediate must feed only the pattern):
    * RMSNorm: `mul(mul(x, rsqrt(add(mean(pow(x, 2) | mul(x, x), [-1], keepdim), eps))), w)`.
    * RoPE (rotate-half): `cat([a*c - b*s, b*c + a*s], -1)`.
+   * RoPE (swapped halves, docs/llm-graph.md): `x*cos + cat([x[.., D/2:], x[.., :D/2]], -1)*sin`.
+   * Residual add + RMSNorm: `h = add(a, b)` then RMSNorm(h), one step writing both, when
+     nothing else runs between them and h's other readers come after.
    * SiLU (the gate of SwiGLU): `mul(g, sigmoid(g))`.
    * Quantized linear (docs/quantized-llm.md): `mm(W, rows)` where
      `W = view(dequantize_per_channel(q, s, None, axis 0) [+ m])` of constants → one
