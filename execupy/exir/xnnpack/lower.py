@@ -22,6 +22,7 @@ import torch.fx
 
 from ...backends.xnnpack.schema import EXTERNAL_INPUT, EXTERNAL_OUTPUT, NO_VALUE
 from ...errors import ExportError
+from ..passes import sym_upper_bound
 from .payload import XGraph, XNode, XValue
 
 aten = torch.ops.aten
@@ -113,8 +114,10 @@ class GraphBuilder:
 
 
 def _dims(node: torch.fx.Node) -> list[int]:
+    """Static sizes, or for a dynamic size its upper bound (XNNPACK reshapes to the actual
+    sizes of the inputs at every call)."""
     val = node.meta["val"]
-    return [int(d) for d in val.shape] or [1]
+    return [sym_upper_bound(d, {}) for d in val.shape] or [1]
 
 
 def _val(arg: Any) -> Optional[torch.Tensor]:
@@ -498,9 +501,32 @@ LAYOUT_ONLY = {aten.permute.default, aten.view.default, aten._unsafe_view.defaul
                aten.squeeze.dim, aten.unsqueeze.default, aten.clone.default, aten.slice.Tensor}
 
 
-def _static_fp32(v: Any) -> bool:
-    return (isinstance(v, torch.Tensor) and v.dtype == torch.float32 and 1 <= v.dim() <= MAX_DIMS
-            and all(isinstance(s, int) for s in v.shape))
+# Ops whose XNNPACK node takes any leading sizes at run time: they may have dynamic sizes
+# (an LLM's token count). Reshapes, slices, pooling... need static ones.
+DYNAMIC_OK = {aten.addmm.default, aten.mm.default, aten.linear.default, aten.add.Tensor, aten.sub.Tensor,
+              aten.mul.Tensor, aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar,
+              aten.div.Scalar, aten.minimum.default, aten.maximum.default, aten.relu.default,
+              aten.hardtanh.default, aten.clamp.default, aten.sigmoid.default, aten.tanh.default,
+              aten.gelu.default, aten.elu.default, aten.leaky_relu.default, aten.hardswish.default,
+              aten._softmax.default}
+
+
+def _fp32(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and 1 <= v.dim() <= MAX_DIMS
+
+
+def _static(v: torch.Tensor) -> bool:
+    return all(isinstance(s, int) for s in v.shape)
+
+
+def _dynamic_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    """Dynamic sizes: the op must take them, and a matrix product needs a constant weight
+    (a FullyConnected; the batch-matmul fallback reshapes)."""
+    if node.target not in DYNAMIC_OK:
+        return False
+    if node.target in (aten.mm.default, aten.addmm.default):
+        return is_const(node.args[1] if node.target is aten.mm.default else node.args[2])
+    return True
 
 
 def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
@@ -513,11 +539,11 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
         return False
     out = node.meta.get("val")
     out = out[0] if node.target is aten.max_pool2d_with_indices.default else out
-    if not _static_fp32(out):
+    values = [out] + [a.meta.get("val") for a in node.all_input_nodes]
+    if not all(_fp32(v) for v in values):
         return False
-    for a in node.all_input_nodes:
-        if not _static_fp32(a.meta.get("val")):
-            return False
+    if not all(_static(v) for v in values) and not _dynamic_ok(node, is_const):
+        return False
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, (list, tuple)) and not all(isinstance(d, (int, torch.fx.Node)) for d in a):
             return False  # symbolic sizes

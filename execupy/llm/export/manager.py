@@ -80,6 +80,7 @@ def export_llm(
     dtype: str = "fp32",
     progress: Optional[Progress] = None,
     custom_ops: bool = True,
+    backend: str = "portable",
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
     and its tokenizer: every stage of LLMExportManager in order. ``progress`` receives
@@ -87,14 +88,34 @@ def export_llm(
 
     ``custom_ops`` (the default) updates and attends the KV cache in place with
     ``llama::update_cache`` / ``llama::custom_sdpa``; ``custom_ops=False`` writes the
-    program in core ATen ops only, which ExecuTorch's stock runtime loads as well."""
+    program in core ATen ops only, which ExecuTorch's stock runtime loads as well.
+
+    ``backend="xnnpack"`` delegates the linears (and the fp32 ops around them that XNNPACK
+    runs) to ExecuTorch's XnnpackBackend (execupy.exir.xnnpack)."""
     _check_dtype(dtype)  # before the (slow) load, not after
+    if backend not in BACKENDS:
+        raise ExportError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     output_path = Path(output_path)
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
                                                progress=progress)
-    return (manager.set_output_dir(output_path.parent).set_dtype(dtype).source_transform([weight_first_linears])
-            .export().to_edge().to_executorch().save(output_path.name))
+    # XNNPACK takes nn.Linear's own form (x @ W^T, a FullyConnected node); the weight-first
+    # form only helps the portable kernels.
+    linears = [weight_first_linears] if backend == "portable" else []
+    manager = (manager.set_output_dir(output_path.parent).set_dtype(dtype).source_transform(linears)
+               .export().to_edge())
+    return manager.to_backend(backend_partitioners(backend)).to_executorch().save(output_path.name)
+
+
+BACKENDS = ("portable", "xnnpack")
+
+
+def backend_partitioners(backend: str) -> list:
+    if backend == "xnnpack":
+        from execupy.exir.xnnpack import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+    return []
 
 
 class LLMExportManager:
