@@ -480,6 +480,17 @@ OPS: dict[Any, Op] = {
     aten.elu.default: Op(_elu, _elu_ok),
     aten.leaky_relu.default: Op(_leaky_relu),
     aten.hardswish.default: Op(_unary("Hardswish")),
+    aten.abs.default: Op(_unary("Abs")),
+    aten.neg.default: Op(_unary("Negate")),
+    aten.exp.default: Op(_unary("Exp")),
+    aten.log.default: Op(_unary("Log")),
+    aten.sqrt.default: Op(_unary("SquareRoot")),
+    aten.rsqrt.default: Op(_unary("ReciprocalSquareRoot")),
+    aten.sin.default: Op(_unary("Sin")),
+    aten.cos.default: Op(_unary("Cos")),
+    aten.floor.default: Op(_unary("Floor")),
+    aten.ceil.default: Op(_unary("Ceiling")),
+    aten.pow.Tensor_Scalar: Op(_unary("Square"), lambda n, c: n.args[1] == 2),
     aten._softmax.default: Op(_softmax, _softmax_ok),
     aten.mean.dim: Op(_global_mean, _mean_ok),
     aten.max_pool2d_with_indices.default: Op(_max_pool, _max_pool_ok),
@@ -508,7 +519,9 @@ DYNAMIC_OK = {aten.addmm.default, aten.mm.default, aten.linear.default, aten.add
               aten.div.Scalar, aten.minimum.default, aten.maximum.default, aten.relu.default,
               aten.hardtanh.default, aten.clamp.default, aten.sigmoid.default, aten.tanh.default,
               aten.gelu.default, aten.elu.default, aten.leaky_relu.default, aten.hardswish.default,
-              aten._softmax.default}
+              aten._softmax.default, aten.abs.default, aten.neg.default, aten.exp.default, aten.log.default,
+              aten.sqrt.default, aten.rsqrt.default, aten.sin.default, aten.cos.default, aten.floor.default,
+              aten.ceil.default, aten.pow.Tensor_Scalar}
 
 
 def _fp32(v: Any) -> bool:
