@@ -274,6 +274,24 @@ def _max_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
     g.nhwc(item, x, emit)
 
 
+def _batch_norm(node: torch.fx.Node, g: GraphBuilder) -> None:
+    """Inference batch norm with constant statistics: x * scale + shift, per channel."""
+    x, weight, bias, mean, var = node.args[:5]
+    eps = float(node.args[6])
+    (item,) = node.users  # the normalized values (checked: nobody reads the saved statistics)
+    const = lambda a: g.constants[a].detach().double()  # noqa: E731
+    scale = 1.0 / torch.sqrt(const(var) + eps)
+    if weight is not None:
+        scale = scale * const(weight)
+    shift = -const(mean) * scale + (const(bias) if bias is not None else 0.0)
+    per_channel = [-1] + [1] * (len(_dims(x)) - 2)
+    scaled = g.temp(_dims(item))
+    g.add("Multiply", input1_id=g.value(x), input2_id=g.constant(scale.reshape(per_channel).float().numpy()),
+          output_id=scaled)
+    g.add("Add", input1_id=scaled, input2_id=g.constant(shift.reshape(per_channel).float().numpy()),
+          output_id=g.result(item))
+
+
 def _avg_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
     x, kernel = node.args[0], _pair(node.args[1])
     stride = _pair(_arg(node, 2, "stride", []) or kernel)
@@ -399,9 +417,17 @@ def _conv_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
 
 
 def _max_pool_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return _val(node.args[0]).dim() == 4 and not _arg(node, 5, "ceil_mode", False) and _only_first_output_read(node)
+
+
+def _only_first_output_read(node: torch.fx.Node) -> bool:
     users = list(node.users)
-    return (_val(node.args[0]).dim() == 4 and not _arg(node, 5, "ceil_mode", False) and len(users) == 1
-            and users[0].target is operator.getitem and users[0].args[1] == 0)
+    return len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0
+
+
+def _batch_norm_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return (_val(node.args[0]).dim() >= 2 and all(a is None or is_const(a) for a in node.args[1:3])
+            and all(is_const(a) for a in node.args[3:5]) and _only_first_output_read(node))
 
 
 def _avg_pool_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
@@ -495,6 +521,7 @@ OPS: dict[Any, Op] = {
     aten.mean.dim: Op(_global_mean, _mean_ok),
     aten.max_pool2d_with_indices.default: Op(_max_pool, _max_pool_ok),
     aten.avg_pool2d.default: Op(_avg_pool, _avg_pool_ok),
+    aten._native_batch_norm_legit_no_training.default: Op(_batch_norm, _batch_norm_ok),
     aten.cat.default: Op(_cat, _cat_ok),
     aten.slice.Tensor: Op(_slice, _slice_ok),
     aten.permute.default: Op(_permute),
@@ -508,6 +535,8 @@ OPS: dict[Any, Op] = {
     aten.bmm.default: Op(_bmm, _bmm_ok),
     aten.upsample_bilinear2d.vec: Op(_upsample_bilinear, lambda n, c: _val(n.args[0]).dim() == 4),
 }
+# Ops returning a tuple of which only the first element is delegated (read through getitem).
+TUPLE_OPS = {aten.max_pool2d_with_indices.default, aten._native_batch_norm_legit_no_training.default}
 LAYOUT_ONLY = {aten.permute.default, aten.view.default, aten._unsafe_view.default, aten.squeeze.dims,
                aten.squeeze.dim, aten.unsqueeze.default, aten.clone.default, aten.slice.Tensor}
 
@@ -544,14 +573,14 @@ def _dynamic_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
 
 def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
     """Can XNNPACK run this node (fp32, static shapes, arguments its emitter handles)?"""
-    if node.target is operator.getitem:  # the values of a delegated max pooling
+    if node.target is operator.getitem:  # the values of a delegated max pooling / batch norm
         src = node.args[0]
-        return src.target is aten.max_pool2d_with_indices.default and supported(src, is_const)
+        return src.target in TUPLE_OPS and supported(src, is_const)
     op = OPS.get(node.target)
     if op is None:
         return False
     out = node.meta.get("val")
-    out = out[0] if node.target is aten.max_pool2d_with_indices.default else out
+    out = out[0] if node.target in TUPLE_OPS else out
     values = [out] + [a.meta.get("val") for a in node.all_input_nodes]
     if not all(_fp32(v) for v in values):
         return False
