@@ -49,7 +49,9 @@ def xnnpack_delegates(prog) -> int:
 
 @lru_cache(maxsize=None)
 def delegated_cases() -> list[str]:
-    return [c.name for c in CASES if not c.reference_lacks and xnnpack_delegates(lowered(c.name)[4])]
+    # Tensor inputs only: the batch worker passes tensors (a Python scalar input is another test's subject).
+    return [c.name for c in CASES if not c.reference_lacks and xnnpack_delegates(lowered(c.name)[4])
+            and all(isinstance(a, torch.Tensor) for a in lowered(c.name)[2])]
 
 
 def test_most_of_the_zoo_gets_an_xnnpack_delegate():
@@ -130,7 +132,7 @@ def test_zoo_with_xnnpack_runs_in_both_runtimes_and_matches_eager():
 
 
 SHARE_MODELS = ["mlp", "mlp_activations", "cnn_bn_pool", "depthwise_separable", "causal_attention", "gpt2_block",
-                "llama_block", "conv_variants", "pooling_variants", "more_activations"]
+                "llama_block", "conv1d_bn", "sdpa_causal", "shape_ops", "unary_math"]
 
 
 @pytest.mark.reference
@@ -144,6 +146,7 @@ def test_we_delegate_at_least_the_share_executorch_delegates():
     for name in SHARE_MODELS:
         info = get_delegation_info(lowered(name)[3])
         ours = info.num_delegated_nodes / (info.num_delegated_nodes + info.num_non_delegated_nodes)
+        assert "error" not in theirs[name], f"{name}: ExecuTorch's side failed: {theirs[name]}"
         if ours + 1e-9 < theirs[name]["xnnpack_share"]:
             lower.append(f"{name}: ours {ours:.2f} < ExecuTorch's {theirs[name]['xnnpack_share']:.2f}")
     assert not lower, "\n".join(lower)
