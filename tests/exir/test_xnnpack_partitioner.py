@@ -88,6 +88,7 @@ def test_execupy_runtime_matches_eager(name):
 # One process in the reference venv runs every program (loading torch and ExecuTorch once).
 _BATCH_WORKER = r"""
 import json, sys, numpy as np, torch
+import executorch.kernels.quantized  # registers the quantized_decomposed:: kernels
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
 for job in json.load(open(sys.argv[1])):
     data = np.load(job["inputs"])

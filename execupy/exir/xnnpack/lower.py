@@ -30,6 +30,8 @@ MAX_DIMS = 6  # XNN_MAX_TENSOR_DIMS
 KEEP_DIMS = 0x40
 ALIGN_CORNERS = 0x8
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+PER_CHANNEL, PER_TOKEN = 1, 3  # XNNQuantParams tags
+qd = torch.ops.quantized_decomposed
 
 IsConst = Callable[[Any], bool]
 
@@ -69,6 +71,18 @@ class GraphBuilder:
                 self.ids[arg] = self.constant(self.constants[arg].detach().float().numpy())
             return self.ids[arg]
         return self.constant(np.array([arg], np.float32))
+
+    def dynamic_quantized(self, src: int) -> int:
+        """Convert an fp32 value to qdint8 (int8 with a scale and zero point per row, chosen at run time)."""
+        out = self.graph.add_value(XValue("qdint8", list(self.dims(src)), quant=(PER_TOKEN, [(0, "Int32", 1)])))
+        self.add("Convert", input_id=src, output_id=out, flags=0)
+        return out
+
+    def per_channel_filter(self, q: torch.Tensor, scales: torch.Tensor) -> int:
+        """An int8 [out, in] filter with one scale per output channel (qcint8)."""
+        idx = self.graph.add_constant(q.detach().numpy().astype(np.int8))
+        quant = (PER_CHANNEL, [(0, "floats", scales.detach().float().numpy()), (1, "Int32", 0)])
+        return self.graph.add_value(XValue("qcint8", [int(d) for d in q.shape], constant_buffer_idx=idx, quant=quant))
 
     def temp(self, dims: list[int]) -> int:
         return self.graph.add_value(XValue("fp32", list(dims)))
@@ -174,7 +188,23 @@ def _elu(node: torch.fx.Node, g: GraphBuilder) -> None:
 def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias: Any) -> None:
     """y = x @ w (+ bias), x [M, K], w [K, N]: FullyConnected when w is a constant, else a
     BatchMatrixMultiply of a batch of one."""
-    if isinstance(w, torch.fx.Node) and w in g.constants:
+    quantized = qd8_linear(x, w)
+    if quantized is not None:
+        src, q, scales = quantized
+        zero = w.args[0].args[2]
+        if zero is not None and bool(g.constants[zero].any()):
+            raise ExportError(f"XnnpackBackend: {w.args[0].name} has nonzero weight zero points (qc8w is symmetric)")
+        filt = g.per_channel_filter(g.constants[q], g.constants[scales])
+        bias_id = NO_VALUE
+        fused_bias = bias is not None and bias in g.constants and g.constants[bias].dim() == 1
+        if fused_bias:
+            bias_id = g.constant(g.constants[bias].detach().float().numpy())
+        out = g.result(node) if bias is None or fused_bias else g.temp(_dims(node))
+        g.add("FullyConnected", input1_id=g.dynamic_quantized(g.value(src)), filter_id=filt, bias_id=bias_id,
+              output_id=out)
+        if bias is None or fused_bias:
+            return
+    elif isinstance(w, torch.fx.Node) and w in g.constants:
         filt = g.constant(g.constants[w].detach().float().numpy().T)  # [out, in]
         bias_id = NO_VALUE
         fused_bias = bias is not None and bias in g.constants and g.constants[bias].dim() == 1
@@ -194,6 +224,42 @@ def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias
         if bias is None:
             return
     g.add("Add", input1_id=out, input2_id=g.value(bias), output_id=g.result(node))
+
+
+def per_token_round_trip(x: Any) -> Optional[torch.fx.Node]:
+    """The float source of dequantize_per_token(quantize_per_token(src, s, zp), s, zp) with s, zp
+    from choose_qparams_per_token_asymmetric(src): int8 activations per token (qd8)."""
+    if not isinstance(x, torch.fx.Node) or x.target is not qd.dequantize_per_token.default:
+        return None
+    quant = x.args[0]
+    if not isinstance(quant, torch.fx.Node) or quant.target is not qd.quantize_per_token.default:
+        return None
+    src, scale, zero = quant.args[:3]
+    choose = scale.args[0] if isinstance(scale, torch.fx.Node) and scale.target is operator.getitem else None
+    if (choose is None or choose.target is not qd.choose_qparams_per_token_asymmetric.default
+            or choose.args[0] is not src or tuple(quant.args[3:6]) != (-128, 127, torch.int8)):
+        return None
+    return src
+
+
+def per_channel_weight(w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node]]:
+    """(int8 values, scales) of permute(dequantize_per_channel(q, s, zp=0|None, axis 0, int8), [1, 0])."""
+    if not isinstance(w, torch.fx.Node) or w.target is not aten.permute.default or list(w.args[1]) != [1, 0]:
+        return None
+    dq = w.args[0]
+    if not isinstance(dq, torch.fx.Node) or dq.target is not qd.dequantize_per_channel.default:
+        return None
+    q, scales, zero, axis, lo, hi, dtype = dq.args[:7]
+    if axis != 0 or dtype != torch.int8 or lo < -128 or hi > 127:
+        return None
+    if zero is not None and not isinstance(zero, torch.fx.Node):
+        return None
+    return q, scales
+
+
+def qd8_linear(x: Any, w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
+    src, weight = per_token_round_trip(x), per_channel_weight(w)
+    return None if src is None or weight is None else (src, *weight)
 
 
 def _addmm(node: torch.fx.Node, g: GraphBuilder) -> None:
@@ -573,6 +639,10 @@ def _dynamic_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
 
 def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
     """Can XNNPACK run this node (fp32, static shapes, arguments its emitter handles)?"""
+    if node.target in QD8_PARTS:
+        return _qd8_part_ok(node, is_const)
+    if node.target is operator.getitem and node.args[0].target is qd.choose_qparams_per_token_asymmetric.default:
+        return _qd8_part_ok(node.args[0], is_const)
     if node.target is operator.getitem:  # the values of a delegated max pooling / batch norm
         src = node.args[0]
         return src.target in TUPLE_OPS and supported(src, is_const)
@@ -598,6 +668,34 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
 # ---------------------------------------------------------------- whole subgraph
 
 
+QD8_PARTS = {qd.choose_qparams_per_token_asymmetric.default, qd.quantize_per_token.default,
+             qd.dequantize_per_token.default, qd.dequantize_per_channel.default}
+
+
+def _qd8_part_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    """A node of the qd8 x qc8w linear form, every use of which is such a linear: XNNPACK does the
+    activation round trip itself (Convert to qdint8) and keeps the int8 weight."""
+    if node.target is qd.dequantize_per_channel.default:
+        return all(u.target is aten.permute.default and per_channel_weight(u) is not None
+                   and all(_is_qd8_matmul(m) for m in u.users) for u in node.users)
+    if node.target is qd.choose_qparams_per_token_asymmetric.default:
+        return all(u.target is operator.getitem and all(_qd8_part_ok(v, is_const) for v in u.users)
+                   for u in node.users)
+    if node.target is qd.quantize_per_token.default:
+        return all(_qd8_part_ok(u, is_const) for u in node.users)
+    if node.target is qd.dequantize_per_token.default:
+        return per_token_round_trip(node) is not None and all(_is_qd8_matmul(u) for u in node.users)
+    return False
+
+
+def _is_qd8_matmul(node: torch.fx.Node) -> bool:
+    if node.target is aten.addmm.default:
+        return qd8_linear(node.args[1], node.args[2]) is not None and _addmm_ok(node, lambda a: True)
+    if node.target is aten.mm.default:
+        return qd8_linear(node.args[0], node.args[1]) is not None
+    return False
+
+
 def fold_constants(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
     """get_attr tensors, and every node computed from them alone (a weight's permute), evaluated."""
     consts: dict[torch.fx.Node, torch.Tensor] = {}
@@ -621,7 +719,7 @@ def build_graph(gm: torch.fx.GraphModule) -> XGraph:
         if node.op == "placeholder":
             g.input(node)
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node in consts or node.target is operator.getitem:
+        if node.op != "call_function" or node in consts or node.target is operator.getitem or node.target in QD8_PARTS:
             continue
         op = OPS.get(node.target)
         if op is None:
