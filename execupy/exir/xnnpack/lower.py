@@ -23,7 +23,7 @@ import torch.fx
 from ...backends.xnnpack.schema import EXTERNAL_INPUT, EXTERNAL_OUTPUT, NO_VALUE
 from ...errors import ExportError
 from ..passes import sym_upper_bound
-from .payload import XGraph, XNode, XValue
+from .payload import NO_DEBUG_HANDLE, XGraph, XNode, XValue
 
 aten = torch.ops.aten
 MAX_DIMS = 6  # XNN_MAX_TENSOR_DIMS
@@ -48,6 +48,7 @@ class GraphBuilder:
         self.ids: dict[torch.fx.Node, int] = {}
         self.output_index = {n: i for i, n in enumerate(outputs)}
         self.num_inputs = 0
+        self.debug_handle = NO_DEBUG_HANDLE  # of the fx node being lowered: its XNNPACK nodes carry it
 
     # -- values
 
@@ -103,7 +104,7 @@ class GraphBuilder:
     # -- nodes
 
     def add(self, kind: str, output_min: float = -math.inf, output_max: float = math.inf, **fields: Any) -> None:
-        self.graph.nodes.append(XNode(kind, fields, output_min, output_max))
+        self.graph.nodes.append(XNode(kind, fields, output_min, output_max, self.debug_handle))
 
     def transpose(self, src: int, perm: list[int], out: Optional[int] = None) -> int:
         if out is None:
@@ -724,6 +725,7 @@ def build_graph(gm: torch.fx.GraphModule) -> XGraph:
         op = OPS.get(node.target)
         if op is None:
             raise ExportError(f"XnnpackBackend: cannot lower {node.target} ({node.name})")
+        g.debug_handle = node.meta.get("debug_handle") or NO_DEBUG_HANDLE
         op.emit(node, g)
     for n in outputs:  # a constant the subgraph also returns: copy it out
         if n not in g.ids or n in consts and g.graph.values[g.ids[n]].flags == 0:

@@ -20,7 +20,7 @@ from ...schema.program import CompileSpec
 from ..backend import (BackendDetails, DelegationSpec, Partitioner, PartitionResult, PreprocessResult, _constant_inputs,
                        register_backend_details, tag_supported_runs)
 from .lower import LAYOUT_ONLY, build_graph, supported
-from .payload import serialize
+from .payload import NO_DEBUG_HANDLE, serialize
 
 
 def constant_nodes(ep: ExportedProgram) -> set[torch.fx.Node]:
@@ -59,7 +59,9 @@ class XnnpackBackendDetails(BackendDetails):
     @staticmethod
     def preprocess(edge_program: torch.fx.GraphModule, compile_specs: list[CompileSpec]) -> PreprocessResult:
         graph = build_graph(edge_program)
-        return PreprocessResult(serialize(graph), named_data=graph.named_data)
+        # Each XNNPACK node carries the debug handle of the op it came from (what the runtime logs).
+        handles = {n.debug_handle: [n.debug_handle] for n in graph.nodes if n.debug_handle != NO_DEBUG_HANDLE}
+        return PreprocessResult(serialize(graph), handles, graph.named_data)
 
 
 register_backend_details(BACKEND_ID, XnnpackBackendDetails)
