@@ -46,6 +46,8 @@ def _add_export(sub) -> None:
     p.add_argument("--no-custom-ops", action="store_true",
                    help="core ATen ops only (the KV cache is updated by index_put and attended in full), "
                         "for runtimes without the llama:: ops such as ExecuTorch's stock one; slower")
+    p.add_argument("--backend", choices=("portable", "xnnpack"), default="portable",
+                   help="xnnpack: delegate the linears (and fp32 ops around them) to ExecuTorch's XnnpackBackend")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar per long stage on stderr (default: only when stderr is a terminal)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the program")
@@ -62,7 +64,8 @@ def cmd_export_llm(args: argparse.Namespace) -> int:
 
     source = args.gguf or args.hf or args.meta
     result = export_llm(source, args.output, max_seq_len=args.max_seq_len, max_prefill_len=args.max_prefill_len,
-                        dtype=args.dtype, custom_ops=not args.no_custom_ops, progress_bar=args.progress,
+                        dtype=args.dtype, custom_ops=not args.no_custom_ops, backend=args.backend,
+                        progress_bar=args.progress,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"done in {result.seconds:.1f} s", file=sys.stderr)
     return 0

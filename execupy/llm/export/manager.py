@@ -81,6 +81,7 @@ def export_llm(
     dtype: str = "fp32",
     progress: Optional[Progress] = None,
     custom_ops: bool = True,
+    backend: str = "portable",
     progress_bar: Optional[bool] = False,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
@@ -90,14 +91,30 @@ def export_llm(
     ``custom_ops`` (the default) updates and attends the KV cache in place with
     ``llama::update_cache`` / ``llama::custom_sdpa``; ``custom_ops=False`` writes the
     program in core ATen ops only, which ExecuTorch's stock runtime loads as well.
-    ``progress_bar`` draws a bar per long stage on stderr (None: only on a terminal)."""
+
+    ``backend="xnnpack"`` delegates the linears (and the fp32 ops around them that XNNPACK
+    runs) to ExecuTorch's XnnpackBackend (execupy.exir.xnnpack). ``progress_bar`` draws a
+    bar per long stage on stderr (None: only on a terminal)."""
     _check_dtype(dtype)  # before the (slow) load, not after
+    if backend not in BACKENDS:
+        raise ExportError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     output_path = Path(output_path)
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
                                                progress=progress, progress_bar=progress_bar)
-    return (manager.set_output_dir(output_path.parent).set_dtype(dtype)
-            .export().to_edge().to_executorch().save(output_path.name))
+    manager = manager.set_output_dir(output_path.parent).set_dtype(dtype).export().to_edge()
+    return manager.to_backend(backend_partitioners(backend)).to_executorch().save(output_path.name)
+
+
+BACKENDS = ("portable", "xnnpack")
+
+
+def backend_partitioners(backend: str) -> list:
+    if backend == "xnnpack":
+        from execupy.exir.xnnpack import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+    return []
 
 
 class LLMExportManager:
