@@ -102,11 +102,20 @@ def export_llm(
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
                                                progress=progress, progress_bar=progress_bar)
-    manager = manager.set_output_dir(output_path.parent).set_dtype(dtype).export().to_edge()
+    transforms = [head_as_linear] if backend == "xnnpack" else []
+    manager = (manager.set_output_dir(output_path.parent).set_dtype(dtype).source_transform(transforms)
+               .export().to_edge())
     return manager.to_backend(backend_partitioners(backend)).to_executorch().save(output_path.name)
 
 
 BACKENDS = ("portable", "xnnpack")
+
+
+def head_as_linear(model: Transformer) -> Transformer:
+    """Source transform: the output head as nn.Linear's own form (x @ W^T), which XNNPACK
+    runs as a fully connected node, instead of the portable program's `W @ column`."""
+    model.column_head = False
+    return model
 
 
 def backend_partitioners(backend: str) -> list:
