@@ -11,8 +11,8 @@ of three prompts, one run each, greedy:
 * ours: ``execupy generate PTE --raw`` in a subprocess, as a user runs it (token ids and
   stats as JSON on stderr);
 * ExecuTorch's runner: its ``TextLLMRunner`` pybinding on the same file and tokenizer, in
-  the reference venv (a subprocess; execupy never imports executorch). It reports the text
-  of each token, so the comparison is token by token on that text, and its whole text;
+  the reference venv (a subprocess; execupy never imports executorch). It prints the text
+  it generates (not token ids), so that text is compared with ours character by character;
 * ExecuTorch's runtime stepped greedily token by token (``tests/et_llm.reference_greedy``)
   gives the token ids themselves, compared with ours id by id.
 
@@ -57,20 +57,22 @@ def compare_prompt(pte: Path, tokenizer: Path, prompt: str, new_tokens: int) -> 
     ours = ids["generated_ids"]
     runner, _ = generate_with_et_runner(pte, tokenizer, prompt, new_tokens)
     theirs_ids = reference_greedy(pte, ids["prompt_ids"], new_tokens, eos_ids=list(tok.eos_ids))
-    ours_pieces = [tok.decode([i], skip_special=False) for i in ours]
-    # The runner's token callback skips the EOS token it stops on; so do our pieces.
-    ours_pieces = ours_pieces[:-1] if ours and ours[-1] in tok.eos_ids else ours_pieces
-
-    lines = [f"prompt {prompt!r}: {len(ids['prompt_ids'])} tokens (runner: {runner['stats']['num_prompt_tokens']})"]
-    ok = True
-    for what, a, b in (("ids vs ExecuTorch's runtime", ours, theirs_ids),
-                       ("token text vs ExecuTorch's runner", ours_pieces, runner["pieces"])):
-        at = first_difference(a, b)
-        ok &= at is None
-        lines.append(f"  {what}: " + (f"equal, {len(a)} tokens" if at is None else
-                                      f"first difference at token {at}: ours {a[at:at + 3]!r}, theirs {b[at:at + 3]!r}"))
+    lines = [f"prompt {prompt!r}: {len(ids['prompt_ids'])} tokens (runner: {runner['stats']['prompt_tokens']})"]
+    at = first_difference(ours, theirs_ids)
+    lines.append("  ids vs ExecuTorch's runtime: " + (
+        f"equal, {len(ours)} tokens" if at is None else
+        f"first difference at token {at}: ours {ours[at:at + 3]}, theirs {theirs_ids[at:at + 3]}"))
+    # The runner prints its text (the EOS it stops on prints nothing, as in ours), leaving
+    # out bytes that are not valid UTF-8 where we decode them as U+FFFD.
+    text = tok.decode(ours).replace("\ufffd", "")
+    at_text = first_difference(list(text), list(runner["text"]))
+    lines.append("  text vs ExecuTorch's runner: " + (
+        f"equal, {len(text)} characters" if at_text is None else
+        f"first difference at character {at_text}: ours {text[at_text:at_text + 20]!r}, "
+        f"theirs {runner['text'][at_text:at_text + 20]!r}"))
+    ok = at is None and at_text is None
     _, _, runner_decode = et_runner_stats(runner["stats"])
-    lines.append(f"  text: {tok.decode(ours)!r}")
+    lines.append(f"  text: {text!r}")
     lines.append(f"  decode tok/s: execupy {stats['decode_tokens_per_s']:.2f} | ExecuTorch runner {runner_decode:.2f}"
                  f" | ratio {stats['decode_tokens_per_s'] / runner_decode:.3f}")
     return ok, "\n".join(lines), stats["decode_tokens_per_s"], runner_decode
@@ -81,6 +83,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--program", type=Path, help="an XNNPACK LLM .pte (default: ExecuTorch's SmolLM2 8da4w g32 build)")
     ap.add_argument("--tokenizer", type=Path, help="its tokenizer.json (default: the one beside the program)")
+    ap.add_argument("--prompt", action="append", help="prompt(s) instead of the three built in")
     args = ap.parse_args()
 
     from build_et_smollm2 import built_program
@@ -91,7 +94,7 @@ def main() -> int:
     tokenizer = args.tokenizer or pte.parent / "tokenizer.json"
     print(f"{pte} ({pte.stat().st_size / 2**20:.0f} MiB), {args.new_tokens} new tokens, greedy, one run; "
           f"load average {os.getloadavg()[0]:.1f}")
-    results = [compare_prompt(pte, tokenizer, p, args.new_tokens) for p in PROMPTS]
+    results = [compare_prompt(pte, tokenizer, p, args.new_tokens) for p in args.prompt or PROMPTS]
     for _, report, _, _ in results:
         print(report)
     ours, theirs = sum(r[2] for r in results) / len(results), sum(r[3] for r in results) / len(results)

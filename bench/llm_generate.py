@@ -284,52 +284,60 @@ def llamacpp(kind: str) -> Callable[[Bench], Run]:
     return engine
 
 
-# Runs in the reference venv. Stats are ExecuTorch's own (milliseconds); decode counts the
-# steps after the first new token, as our runner does.
+# Runs in the reference venv. The runner prints the generated text on stdout itself (a
+# Python token callback would fail on a token that is not whole UTF-8), then a
+# "PyTorchObserver {stats}" line; its stats JSON also goes to the file argv[5].
 ET_RUNNER_WORKER = r"""
-import json, sys
-from executorch.extension.llm.custom_ops import custom_ops  # llama:: kernels, for portable programs
+import ctypes, json, sys, time
+from executorch.extension.llm.custom_ops import custom_ops  # llama:: kernels
 import executorch.kernels.quantized  # quantized_decomposed:: kernels
 from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-pte, tokenizer, prompt, new = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+pte, tokenizer, prompt, new, stats_path = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+t0 = time.perf_counter()
 runner = TextLLMRunner(pte, tokenizer)
-pieces, stats = [], {}
-def keep(s):
-    stats.update(json.loads(s.to_json_string()))
+construct_s = time.perf_counter() - t0
+stats = {}
 config = GenerationConfig(echo=False, max_new_tokens=new, temperature=0.0, num_bos=0, num_eos=0)
-runner.generate(prompt, config, token_callback=pieces.append, stats_callback=keep)
-json.dump({"stats": stats, "text": "".join(pieces), "pieces": pieces}, sys.stdout)
+runner.generate(prompt, config, stats_callback=lambda s: stats.update(json.loads(s.to_json_string())))
+ctypes.CDLL(None).fflush(None)
+stats["construct_s"] = construct_s
+open(stats_path, "w").write(json.dumps(stats))
 """
 
 
 def et_runner_stats(stats: dict) -> tuple[float, float, float]:
-    """(load s, prefill tok/s, decode tok/s) from TextLLMRunner's stats JSON."""
+    """(load s, prefill tok/s, decode tok/s) from TextLLMRunner's stats (milliseconds).
+    ``generated_tokens`` counts the tokens of the decode steps, after the prefill's first
+    token, which is what our decode rate counts too."""
     scale = stats.get("SCALING_FACTOR_UNITS_PER_SECOND", 1000)
-    load = (stats["model_load_end_ms"] - stats["model_load_start_ms"]) / scale
-    prefill = stats["num_prompt_tokens"] / max(stats["prompt_eval_end_ms"] - stats["inference_start_ms"], 1) * scale
-    steps = stats["num_generated_tokens"] - 1
-    decode = steps / max(stats["inference_end_ms"] - stats["first_token_ms"], 1) * scale
+    load = stats["construct_s"] + (stats["model_load_end_ms"] - stats["model_load_start_ms"]) / scale
+    prefill = stats["prompt_tokens"] / max(stats["prompt_eval_end_ms"] - stats["inference_start_ms"], 1) * scale
+    decode = stats["generated_tokens"] / max(stats["inference_end_ms"] - stats["first_token_ms"], 1) * scale
     return load, prefill, decode
 
 
 def generate_with_et_runner(pte: Path, tokenizer: Path, prompt: str, new_tokens: int) -> tuple[dict, float]:
-    """ExecuTorch's TextLLMRunner (reference venv subprocess), greedy: ({"stats", "text",
-    "pieces"}: its stats JSON and the text of each generated token), peak RSS MiB."""
+    """ExecuTorch's TextLLMRunner (reference venv subprocess), greedy: ({"stats", "text"}),
+    peak RSS MiB."""
     from tests.reference import reference_python
 
-    rc, out, err, peak = run_measured([str(reference_python()), "-c", ET_RUNNER_WORKER, str(pte), str(tokenizer),
-                                       prompt, str(new_tokens)])
-    if rc != 0:
-        raise NotAvailable(f"TextLLMRunner exited {rc}: {last_line(err)}")
-    return json.loads(out.strip().splitlines()[-1]), peak
+    with tempfile.TemporaryDirectory() as tmp:
+        stats_path = Path(tmp) / "stats.json"
+        rc, out, err, peak = run_measured([str(reference_python()), "-c", ET_RUNNER_WORKER, str(pte), str(tokenizer),
+                                           prompt, str(new_tokens), str(stats_path)])
+        if rc != 0 or not stats_path.is_file():
+            raise NotAvailable(f"TextLLMRunner exited {rc}: {last_line(err)}")
+        stats = json.loads(stats_path.read_text())
+    text = out.split("PyTorchObserver")[0]
+    return {"stats": stats, "text": text[:-1] if text.endswith("\n") else text}, peak
 
 
 def et_runner(bench: Bench, pte: Path, tokenizer: Path) -> Run:
     from execupy.llm.tokenizer import load_tokenizer
 
     r, peak = generate_with_et_runner(pte, tokenizer, bench.prompt, bench.new_tokens)
-    if r["stats"].get("num_prompt_tokens") != len(bench.tokens):
-        bench.notes.append(f"ExecuTorch's runner saw {r['stats'].get('num_prompt_tokens')} prompt tokens, "
+    if r["stats"].get("prompt_tokens") != len(bench.tokens):
+        bench.notes.append(f"ExecuTorch's runner saw {r['stats'].get('prompt_tokens')} prompt tokens, "
                            f"we {len(bench.tokens)}")
     load, prefill, decode = et_runner_stats(r["stats"])
     return Run(load, prefill, decode, peak, load_tokenizer(bench.gguf).encode(r["text"], bos=False))
