@@ -45,6 +45,14 @@ def _add_export(sub) -> None:
     p.add_argument("--no-custom-ops", action="store_true",
                    help="core ATen ops only (the KV cache is updated by index_put and attended in full), "
                         "for runtimes without the llama:: ops such as ExecuTorch's stock one; slower")
+    q = p.add_argument_group("quantization (docs/quantized-llm.md)")
+    q.add_argument("--quantize", choices=("int8", "int4", "8da4w", "8da8w", "gguf"), default=None,
+                   help="int8: weights int8 per channel; int4: weights int4 in groups; 8da4w / 8da8w: int8 "
+                        "per-token activations with int4 grouped / int8 per-channel weights; gguf: keep the "
+                        "GGUF's own Q8_0/Q4_0/Q4_1/F16 weights as they are")
+    q.add_argument("--group-size", type=int, default=None, metavar="G", help="group size of int4 weights (default 32)")
+    q.add_argument("--embedding-quantize", default=None, metavar="BITS[,G]",
+                   help="quantize the token embedding: 8 or 4 bits, per row or in groups of G (e.g. 4,32)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the program")
     p.set_defaults(func=cmd_export_llm)
 
@@ -59,7 +67,8 @@ def cmd_export_llm(args: argparse.Namespace) -> int:
 
     source = args.gguf or args.hf or args.meta
     result = export_llm(source, args.output, max_seq_len=args.max_seq_len, max_prefill_len=args.max_prefill_len,
-                        dtype=args.dtype, custom_ops=not args.no_custom_ops,
+                        dtype=args.dtype, custom_ops=not args.no_custom_ops, quantize=args.quantize,
+                        group_size=args.group_size, embedding_quantize=args.embedding_quantize,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"done in {result.seconds:.1f} s", file=sys.stderr)
     return 0
