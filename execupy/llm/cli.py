@@ -4,6 +4,7 @@
     execupy generate model.pte --prompt "Hello" [--temperature 0.7 --top-p 0.9 --seed 1] [--stats]
     execupy generate model.pte --raw --prompt $'<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
     execupy chat model.pte
+    execupy perplexity model.pte --text execupy/llm/data/constitution.txt [--ctx 128]
 
 Generated text goes to stdout only; progress, statistics and logs go to stderr. Nothing
 here imports torch at module level: only export-llm needs it, and imports it when run.
@@ -22,6 +23,7 @@ def register(subparsers) -> None:
     _add_export(subparsers)
     _add_generate(subparsers)
     _add_chat(subparsers)
+    _add_perplexity(subparsers)
 
 
 # ---------------------------------------------------------------------------- export-llm
@@ -198,3 +200,39 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         sys.stdout.write("\n")
         _print_stats(args, runner.stats)
+
+
+# ---------------------------------------------------------------------------- perplexity
+
+
+def _add_perplexity(sub) -> None:
+    p = sub.add_parser("perplexity", help="perplexity of an exported LLM (.pte) on a text file",
+                       description="Perplexity as llama.cpp's llama-perplexity reports it: the text in "
+                       "non-overlapping windows of --ctx tokens, the second half of each window scored. "
+                       "Prints PPL and the number of tokens scored.")
+    p.add_argument("model", help="the .pte from export-llm")
+    p.add_argument("--text", required=True, metavar="FILE", help="a UTF-8 text file")
+    p.add_argument("--ctx", type=int, default=None, help="window length in tokens (default: the program's context)")
+    p.add_argument("--chunks", type=int, default=None, metavar="N", help="score the first N windows only")
+    p.add_argument("--tokenizer", metavar="FILE", help="tokenizer file (default: the one next to the .pte)")
+    p.set_defaults(func=cmd_perplexity)
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from execupy.errors import InvalidInputError
+    from execupy.llm.perplexity import perplexity
+    from execupy.llm.runner import LLMRunner
+
+    if args.chunks is not None and args.chunks <= 0:
+        raise InvalidInputError(f"--chunks {args.chunks} must be positive")
+    runner = LLMRunner(args.model, args.tokenizer)
+    try:
+        with open(args.text, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInputError(f"{args.text}: cannot be read as UTF-8 text ({e})") from None
+    result = perplexity(runner, runner.tokenizer.encode(text), args.ctx or runner.meta.max_seq_len, args.chunks,
+                        progress=lambda w, ppl: print(f"[{w}] {ppl:.4f}", file=sys.stderr, flush=True))
+    print(f"PPL = {result.perplexity:.4f} over {result.tokens_scored} tokens "
+          f"({result.windows} windows of {result.ctx}; the text has {result.text_tokens} tokens)")
+    return 0
