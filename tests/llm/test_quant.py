@@ -87,15 +87,6 @@ def test_kept_gguf_blocks_rebuild_the_files_values_bit_for_bit(tmp_path, kind):
     assert blocks.q.min() >= blocks.quant_min and blocks.q.max() <= blocks.quant_max
 
 
-def test_gguf_program_computes_with_the_files_weights(tiny_gguf, tmp_path):
-    result = export_llm(tiny_gguf, tmp_path / "gguf.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL,
-                        quantize="gguf")
-    want = eager(cached_model(tiny_gguf))  # the fp32 model of the dequantized weights
-    ours = run_ours(result.pte_path)
-    # Same weight values; only the matmuls' summation order differs from torch's.
-    np.testing.assert_allclose(ours, want, rtol=0, atol=1e-4 * np.abs(want).max())
-
-
 @pytest.mark.reference
 @pytest.mark.parametrize("mode,embedding", [("gguf", None), ("int8", "8"), ("int4", "4,32"), ("8da4w", None),
                                             ("8da8w", "4")])
@@ -118,6 +109,8 @@ def test_every_mode_matches_eager_and_runs_in_executorch(tiny_gguf, tmp_path, mo
     tol = (2e-2 if mode.startswith("8da") else 1e-4) * scale
     np.testing.assert_allclose(ours, want, rtol=0, atol=tol)
     np.testing.assert_allclose(theirs, ours, rtol=0, atol=tol)
+    if mode == "gguf":  # the file's weight values: the fp32 model of the dequantized weights, up to summation order
+        np.testing.assert_allclose(ours, eager(cached_model(tiny_gguf)), rtol=0, atol=1e-4 * scale)
 
 
 def test_a_layer_whose_width_does_not_divide_into_groups_is_kept_int8_with_a_warning():
@@ -169,3 +162,25 @@ def test_cli_perplexity_equals_llama_cpp_style_count_from_eager_logits(tmp_path)
             n += 1
     assert int(count) == n == 21
     assert float(ppl) == pytest.approx(math.exp(nll / n), rel=1e-4)
+
+
+def test_a_gguf_type_not_kept_as_is_is_requantized_to_int8_groups_with_its_cost_said(tmp_path):
+    from types import SimpleNamespace
+
+    from execupy.llm.export.quantize import _gguf_form
+
+    values = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    path = tmp_path / "q5.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(values, Q.Q5_0), raw_dtype=Q.Q5_0)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    f = GGUFFile(path)
+    with pytest.warns(QuantizationWarning, match=r"blk.0.ffn_up.weight: GGUF type Q5_0 is stored as int8 groups "
+                                                 r"of 32 .* largest absolute change"):
+        form = _gguf_form(f, "blk.0.ffn_up.weight", "layers.0.feed_forward.w3.weight",
+                          SimpleNamespace(n_heads=1, n_kv_heads=1), permuted=False)
+    file_values = f.dequantize("blk.0.ffn_up.weight")
+    with torch.no_grad():
+        rebuilt = form().numpy()
+    step = np.abs(file_values).reshape(-1, 32).max(axis=1) / 127.5  # one int8 step per group
+    assert np.all(np.abs(rebuilt - file_values).reshape(-1, 32) <= step[:, None] * 0.501)  # half a step, and rounding
