@@ -34,7 +34,8 @@ def _add_export(sub) -> None:
                        description="Export an LLM checkpoint to a .pte with a KV cache, and its tokenizer next to "
                        "it as <OUT stem>.tokenizer.json (or .model). Needs torch.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--gguf", metavar="FILE", help="a .gguf file (quantized weights are dequantized to fp32 unless --quantize gguf)")
+    src.add_argument("--gguf", metavar="FILE",
+                     help="a .gguf file (quantized weights are dequantized to fp32 unless --quantize gguf)")
     src.add_argument("--hf", metavar="DIR", help="a Hugging Face folder (config.json + safetensors)")
     src.add_argument("--meta", metavar="DIR", help="a Meta folder (params.json + consolidated.*.pth)")
     p.add_argument("--max-seq-len", type=int, default=None,
