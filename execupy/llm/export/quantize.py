@@ -285,7 +285,8 @@ def quantize_embedding(model: nn.Module, bits: int, group_size: int | None) -> n
     emb = model.tok_embeddings
     dim = emb.weight.shape[1]
     if group_size is not None and dim % group_size:
-        raise ExportError(f"--embedding-quantize: the embedding width {dim} is not a multiple of group size {group_size}")
+        raise ExportError(f"--embedding-quantize: the embedding width {dim} is not a multiple of "
+                          f"group size {group_size}")
     if bits == 4 and dim % 2:
         raise ExportError(f"--embedding-quantize 4: the embedding width {dim} must be even (two values per byte)")
     model.tok_embeddings = QuantizedEmbedding(emb.weight.detach(), bits, group_size)
