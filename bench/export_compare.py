@@ -9,8 +9,10 @@ and not timed). ExecuTorch's side runs in its reference venv (~/.cache/execupy-r
 override with $EXECUPY_REFERENCE_VENV) as `--reference-worker`, a separate process:
 execupy never imports executorch. Printed per model: each side's value and ours/theirs.
 Arena bytes are the sum of the planned (non-constant) buffer sizes of every method.
-The last two columns are ours again with NumpyFusedBackend delegating the float32
-linear/matmul/elementwise parts (its intermediates live in numpy, not in the arena).
+The "delegated" arena/pte columns are ours again with NumpyFusedBackend delegating the float32
+linear/matmul/elementwise parts (its intermediates live in numpy, not in the arena). The
+last two are the share of graph nodes each side's XnnpackPartitioner delegates
+(to_edge_transform_and_lower; delegated / all call nodes, by each side's get_delegation_info).
 """
 from __future__ import annotations
 
@@ -67,6 +69,30 @@ def ours(name: str, repeat: int, delegate: bool = False) -> dict:
                    lambda prog: sum(s["planned_bytes"] for s in prog.plan_summary().values()))
 
 
+def delegated_share(info) -> float:
+    total = info.num_delegated_nodes + info.num_non_delegated_nodes
+    return info.num_delegated_nodes / total if total else 0.0
+
+
+def ours_xnnpack_share(name: str) -> float:
+    sys.path.insert(0, str(ROOT))
+    from execupy.exir import to_edge_transform_and_lower
+    from execupy.exir.delegation_info import get_delegation_info
+    from execupy.exir.xnnpack import XnnpackPartitioner
+
+    edge = to_edge_transform_and_lower(build(name), partitioner=[XnnpackPartitioner()])
+    return delegated_share(get_delegation_info(edge))
+
+
+def reference_xnnpack_share(name: str) -> float:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.devtools.backend_debug import get_delegation_info
+    from executorch.exir import to_edge_transform_and_lower
+
+    edge = to_edge_transform_and_lower(build(name), partitioner=[XnnpackPartitioner()])
+    return delegated_share(get_delegation_info(edge.exported_program().graph_module))
+
+
 def reference_worker(models: list[str], repeat: int) -> None:
     from executorch.exir import to_edge  # reference venv only
 
@@ -77,6 +103,7 @@ def reference_worker(models: list[str], repeat: int) -> None:
     for name in models:
         try:
             results[name] = measure(name, repeat, to_edge, arena)
+            results[name]["xnnpack_share"] = reference_xnnpack_share(name)
         except Exception as e:  # report, keep going: one model the reference rejects is a result too
             results[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     print(json.dumps(results))
@@ -114,13 +141,15 @@ def main() -> None:
         raise SystemExit(f"no reference venv at {REFERENCE_PYTHON} (see shared/tools/reference_run.py)")
     theirs = reference(models, opts.repeat)
     head = f"{'model':<22}{'arena ours':>11}{'theirs':>9}{'ratio':>7}{'pte ours':>10}{'theirs':>9}{'ratio':>7}" \
-           f"{'export s ours':>14}{'theirs':>8}{'ratio':>7}   | delegated: {'arena':>7}{'pte':>8}"
+           f"{'export s ours':>14}{'theirs':>8}{'ratio':>7}   | delegated: {'arena':>7}{'pte':>8}" \
+           f"   | xnnpack share: {'ours':>5}{'theirs':>7}"
     print(head)
     print("-" * len(head))
     for name in models:
         them = theirs[name]
         try:
             us, fused = ours(name, opts.repeat), ours(name, 1, delegate=True)
+            share = ours_xnnpack_share(name)
         except Exception as e:  # a benchmark row, not a test: report and go on
             print(f"{name:<22} ours failed: {type(e).__name__}: {str(e)[:80]}")
             continue
@@ -130,7 +159,8 @@ def main() -> None:
         print(f"{name:<22}{us['arena']:>11}{them['arena']:>9}{ratio(us['arena'], them['arena']):>7}"
               f"{us['pte']:>10}{them['pte']:>9}{ratio(us['pte'], them['pte']):>7}"
               f"{us['seconds']:>14.3f}{them['seconds']:>8.3f}{ratio(us['seconds'], them['seconds']):>7}"
-              f"   | {'':>10}{fused['arena']:>7}{fused['pte']:>8}")
+              f"   | {'':>10}{fused['arena']:>7}{fused['pte']:>8}"
+              f"   | {'':>15}{share:>5.2f}{them['xnnpack_share']:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tests.reference import ReferenceError, _last_lines, reference_python
 
@@ -56,16 +56,29 @@ def export_with_executorch(flags: Sequence[str] = PORTABLE_FP32, *, vocab_size: 
     first call and cached on disk after that."""
     config = {"flags": list(flags), "vocab_size": vocab_size, "seed": seed, "params": LLAMA_PARAMS,
               "max_seq_length": max_seq_length, "max_context_length": max_context_length,
-              "metadata": METADATA, "reference": _reference_versions()}
-    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-    folder = CACHE / key
-    pte = folder / "model.pte"
+              "metadata": METADATA}
+    return cached_export(config, _write_checkpoint)
+
+
+def cached_export(config: dict, write_checkpoint: Callable[[Path, dict], None],
+                  timeout_s: float = EXPORT_TIMEOUT_S) -> Path:
+    """The .pte export_llm writes for ``config`` (flags, lengths, metadata, and optionally
+    ``model_class``), from the Meta checkpoint ``write_checkpoint(folder, config)`` puts in
+    ``folder``; cached under a key of the config and the reference venv's versions."""
+    pte = cached_export_path(config)
     CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{key}.lock", "w") as lock:
+    with open(pte.parent.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building this very program
         if not pte.is_file():
-            _build(folder, config)
+            _build(pte.parent, {**config, "reference": _reference_versions()}, write_checkpoint, timeout_s)
     return pte
+
+
+def cached_export_path(config: dict) -> Path:
+    """Where ``cached_export(config, ...)`` keeps its program (which may not be built yet)."""
+    config = {**config, "reference": _reference_versions()}
+    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    return CACHE / key / "model.pte"
 
 
 def _reference_versions() -> str:
@@ -74,21 +87,22 @@ def _reference_versions() -> str:
     return marker.read_text().strip() if marker.is_file() else "unknown"
 
 
-def _build(folder: Path, config: dict) -> None:
+def _build(folder: Path, config: dict, write_checkpoint: Callable[[Path, dict], None], timeout_s: float) -> None:
     """Export into a scratch folder and move it into place whole, so a killed export leaves
     no half-written cache entry behind."""
     scratch = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     try:
-        _write_checkpoint(scratch, config)
+        write_checkpoint(scratch, config)
         (scratch / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
         cmd = [str(reference_python()), "-m", "executorch.extension.llm.export.export_llm",
-               "base.model_class=llama3_2", f"base.checkpoint={scratch / 'consolidated.00.pth'}",
+               f"base.model_class={config.get('model_class', 'llama3_2')}",
+               f"base.checkpoint={scratch / 'consolidated.00.pth'}",
                f"base.params={scratch / 'params.json'}", f"base.metadata='{json.dumps(config['metadata'])}'",
                "model.use_kv_cache=True", "model.use_sdpa_with_kv_cache=True", "model.dtype_override=fp32",
                "model.enable_dynamic_shape=True", f"export.max_seq_length={config['max_seq_length']}",
                f"export.max_context_length={config['max_context_length']}", f"export.output_dir={scratch}",
                "export.output_name=model.pte", *config["flags"]]
-        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S,
+        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         (scratch / "export.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0 or not (scratch / "model.pte").is_file():

@@ -12,6 +12,7 @@ from .program import (  # noqa: F401
     ExecutorchBackendConfig,
     ExecutorchProgramManager,
     to_edge,
+    to_edge_transform_and_lower,
 )
 from .backend import (  # noqa: F401
     BackendDetails,

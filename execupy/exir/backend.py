@@ -57,6 +57,9 @@ class PreprocessResult:
     # The backend's debug ids (what its runtime half would log) -> debug handles of the
     # subgraph's nodes (node.meta["debug_handle"]); kept for devtools, not written to the .pte.
     debug_handle_map: dict[int, list[int]] = field(default_factory=dict)
+    # Blobs the payload names by key instead of holding (XNNPACK's weights): the program
+    # stores each distinct one once as a segment listed in its named data.
+    named_data: dict[str, bytes] = field(default_factory=dict)
 
 
 class BackendDetails(ABC):
@@ -80,8 +83,10 @@ class LoweredBackendModule(torch.nn.Module):
     """A preprocessed subgraph; calling it runs the original subgraph in torch."""
 
     def __init__(self, backend_id: str, processed_bytes: bytes, compile_specs: list[CompileSpec],
-                 original_module: torch.fx.GraphModule, debug_handle_map: dict[int, list[int]] | None = None):
+                 original_module: torch.fx.GraphModule, debug_handle_map: dict[int, list[int]] | None = None,
+                 named_data: dict[str, bytes] | None = None):
         super().__init__()
+        self.named_data = dict(named_data or {})
         self.debug_handle_map = dict(debug_handle_map or {})
         self.backend_id = backend_id
         self.processed_bytes = processed_bytes
@@ -188,7 +193,7 @@ def _lower_group(ep: ExportedProgram, nodes: list[torch.fx.Node], spec: Delegati
 
     result = details.preprocess(sub_gm, list(spec.compile_specs))
     lowered = LoweredBackendModule(spec.backend_id, bytes(result.processed_bytes), list(spec.compile_specs), sub_gm,
-                                   result.debug_handle_map)
+                                   result.debug_handle_map, result.named_data)
     gm.add_submodule(name, lowered)
 
     # The call goes where the group's last node was (all its inputs come before that);

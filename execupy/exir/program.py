@@ -128,7 +128,7 @@ class EdgeProgramManager:
             plans.append(emit_constant_method(name, value, constants))
         program = P.Program(execution_plan=plans, constant_buffer=[], backend_delegate_data=[])
         return ExecutorchProgramManager(program, constants, mutable, config, dict(self._programs), summary,
-                                        payloads, debug)
+                                        payloads, debug, _named_data(self._programs.values()))
 
     def to_backend(self, partitioner: "Partitioner") -> "EdgeProgramManager":
         """Delegate what `partitioner` tags, in every method; returns a new manager."""
@@ -136,6 +136,17 @@ class EdgeProgramManager:
 
         programs = {name: to_backend(ep, partitioner) for name, ep in self._programs.items()}
         return EdgeProgramManager(programs, self._constant_methods, self.compile_config)
+
+
+def _named_data(programs) -> dict[str, bytes]:
+    """Every lowered module's named blobs, program-wide (a key names the same bytes everywhere)."""
+    from .backend import get_lowered_modules
+
+    named: dict[str, bytes] = {}
+    for ep in programs:
+        for lowered in get_lowered_modules(ep):
+            named.update(lowered.named_data)
+    return named
 
 
 @dataclass
@@ -160,7 +171,7 @@ class ExecutorchProgramManager:
     def __init__(self, program: P.Program, constants: DataList, mutable: DataList,
                  config: ExecutorchBackendConfig, programs: dict[str, ExportedProgram],
                  summary: dict[str, tuple[int, int]], payloads: Sequence[bytes] = (),
-                 debug: Optional[DebugMaps] = None):
+                 debug: Optional[DebugMaps] = None, named_data: Optional[dict[str, bytes]] = None):
         from ..schema.writer import pack_pieces, write_pte_pieces
 
         debug = debug or DebugMaps()
@@ -189,6 +200,10 @@ class ExecutorchProgramManager:
         for plan in program.execution_plan:
             for d in plan.delegates:
                 d.processed.index += first_payload
+        # Named data last, one segment per blob, as ExecuTorch lays it out.
+        if named_data:
+            program.named_data = [P.NamedData(key, len(segments) + i) for i, key in enumerate(named_data)]
+            segments.extend(named_data.values())
         self.program = program
         self._pieces = write_pte_pieces(program, segments, segment_alignment=config.segment_alignment,
                                         constant_tensor_alignment=config.constant_tensor_alignment)
@@ -238,3 +253,23 @@ def to_edge(programs: Union[ExportedProgram, dict[str, ExportedProgram]],
     methods = as_method_dict(programs)
     edge = {name: to_edge_program(ep, config, name) for name, ep in methods.items()}
     return EdgeProgramManager(edge, constant_methods, config)
+
+
+def to_edge_transform_and_lower(
+        programs: Union[ExportedProgram, dict[str, ExportedProgram]],
+        partitioner: Optional[Union["Partitioner", Sequence["Partitioner"]]] = None,
+        transform_passes: Optional[Sequence[Pass]] = None,
+        constant_methods: Optional[dict[str, Any]] = None,
+        compile_config: Optional[EdgeCompileConfig] = None) -> EdgeProgramManager:
+    """ExecuTorch's one-call form: to_edge, then the passes, then each partitioner in turn.
+
+        to_edge_transform_and_lower(export(model, args), partitioner=[XnnpackPartitioner()]).to_executorch()"""
+    edge = to_edge(programs, constant_methods, compile_config)
+    if transform_passes:
+        edge = edge.transform(transform_passes)
+    partitioners = [] if partitioner is None else [partitioner] if not isinstance(partitioner, (list, tuple)) \
+        else list(partitioner)
+    for p in partitioners:
+        edge = edge.to_backend(p)
+    return edge
+

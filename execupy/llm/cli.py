@@ -5,6 +5,7 @@
     execupy generate model.pte --prompt "Hello" --max-new-tokens 16 --profile report.html
     execupy generate model.pte --raw --prompt $'<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
     execupy chat model.pte
+    execupy perplexity model.pte --text execupy/llm/data/constitution.txt [--ctx 128]
 
 Generated text goes to stdout only; progress, statistics and logs go to stderr. Nothing
 here imports torch at module level: only export-llm needs it, and imports it when run.
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
     _add_export(subparsers)
     _add_generate(subparsers)
     _add_chat(subparsers)
+    _add_perplexity(subparsers)
 
 
 # ---------------------------------------------------------------------------- export-llm
@@ -33,7 +35,8 @@ def _add_export(sub) -> None:
                        description="Export an LLM checkpoint to a .pte with a KV cache, and its tokenizer next to "
                        "it as <OUT stem>.tokenizer.json (or .model). Needs torch.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--gguf", metavar="FILE", help="a .gguf file (quantized weights are dequantized to fp32)")
+    src.add_argument("--gguf", metavar="FILE",
+                     help="a .gguf file (quantized weights are dequantized to fp32 unless --quantize gguf)")
     src.add_argument("--hf", metavar="DIR", help="a Hugging Face folder (config.json + safetensors)")
     src.add_argument("--meta", metavar="DIR", help="a Meta folder (params.json + consolidated.*.pth)")
     p.add_argument("--max-seq-len", type=int, default=None,
@@ -46,8 +49,18 @@ def _add_export(sub) -> None:
     p.add_argument("--no-custom-ops", action="store_true",
                    help="core ATen ops only (the KV cache is updated by index_put and attended in full), "
                         "for runtimes without the llama:: ops such as ExecuTorch's stock one; slower")
+    p.add_argument("--backend", choices=("portable", "xnnpack"), default="portable",
+                   help="xnnpack: delegate the linears (and fp32 ops around them) to ExecuTorch's XnnpackBackend")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar per long stage on stderr (default: only when stderr is a terminal)")
+    q = p.add_argument_group("quantization (docs/quantized-llm.md)")
+    q.add_argument("--quantize", choices=("int8", "int4", "8da4w", "8da8w", "gguf"), default=None,
+                   help="int8: weights int8 per channel; int4: weights int4 in groups; 8da4w / 8da8w: int8 "
+                        "per-token activations with int4 grouped / int8 per-channel weights; gguf: keep the "
+                        "GGUF's own Q8_0/Q4_0/Q4_1/F16 weights as they are")
+    q.add_argument("--group-size", type=int, default=None, metavar="G", help="group size of int4 weights (default 32)")
+    q.add_argument("--embedding-quantize", default=None, metavar="BITS[,G]",
+                   help="quantize the token embedding: 8 or 4 bits, per row or in groups of G (e.g. 4,32)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the program")
     p.set_defaults(func=cmd_export_llm)
 
@@ -62,7 +75,9 @@ def cmd_export_llm(args: argparse.Namespace) -> int:
 
     source = args.gguf or args.hf or args.meta
     result = export_llm(source, args.output, max_seq_len=args.max_seq_len, max_prefill_len=args.max_prefill_len,
-                        dtype=args.dtype, custom_ops=not args.no_custom_ops, progress_bar=args.progress,
+                        dtype=args.dtype, custom_ops=not args.no_custom_ops, backend=args.backend,
+                        quantize=args.quantize, group_size=args.group_size,
+                        embedding_quantize=args.embedding_quantize, progress_bar=args.progress,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"done in {result.seconds:.1f} s", file=sys.stderr)
     return 0
@@ -221,3 +236,39 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         sys.stdout.write("\n")
         _print_stats(args, runner.stats)
+
+
+# ---------------------------------------------------------------------------- perplexity
+
+
+def _add_perplexity(sub) -> None:
+    p = sub.add_parser("perplexity", help="perplexity of an exported LLM (.pte) on a text file",
+                       description="Perplexity as llama.cpp's llama-perplexity reports it: the text in "
+                       "non-overlapping windows of --ctx tokens, the second half of each window scored. "
+                       "Prints PPL and the number of tokens scored.")
+    p.add_argument("model", help="the .pte from export-llm")
+    p.add_argument("--text", required=True, metavar="FILE", help="a UTF-8 text file")
+    p.add_argument("--ctx", type=int, default=None, help="window length in tokens (default: the program's context)")
+    p.add_argument("--chunks", type=int, default=None, metavar="N", help="score the first N windows only")
+    p.add_argument("--tokenizer", metavar="FILE", help="tokenizer file (default: the one next to the .pte)")
+    p.set_defaults(func=cmd_perplexity)
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from execupy.errors import InvalidInputError
+    from execupy.llm.perplexity import perplexity
+    from execupy.llm.runner import LLMRunner
+
+    if args.chunks is not None and args.chunks <= 0:
+        raise InvalidInputError(f"--chunks {args.chunks} must be positive")
+    runner = LLMRunner(args.model, args.tokenizer)
+    try:
+        with open(args.text, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInputError(f"{args.text}: cannot be read as UTF-8 text ({e})") from None
+    result = perplexity(runner, runner.tokenizer.encode(text), args.ctx or runner.meta.max_seq_len, args.chunks,
+                        progress=lambda w, ppl: print(f"[{w}] {ppl:.4f}", file=sys.stderr, flush=True))
+    print(f"PPL = {result.perplexity:.4f} over {result.tokens_scored} tokens "
+          f"({result.windows} windows of {result.ctx}; the text has {result.text_tokens} tokens)")
+    return 0

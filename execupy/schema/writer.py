@@ -210,10 +210,10 @@ class _Writer:
                 continue
             if kind == "off":
                 b.PrependUOffsetTRelativeSlot(fid, value, 0)
-            elif kind == "Float64":
+            elif kind in ("Float64", "Float32"):
                 # Keep -0.0 and NaN, which compare equal / unequal to the default oddly.
                 default = None if (value != 0.0 or math.copysign(1.0, value) < 0) else 0.0
-                b.PrependFloat64Slot(fid, value, default)
+                getattr(b, f"Prepend{kind}Slot")(fid, float(value), default)
             else:
                 getattr(b, f"Prepend{kind}Slot")(fid, int(value), 0)
         return b.EndObject()

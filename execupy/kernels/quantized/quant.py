@@ -153,10 +153,11 @@ def dequantize_per_channel(q: np.ndarray, scales: np.ndarray, zero_points: Optio
     if scales.size != q.shape[axis]:
         raise ValueError(f"dequantize_per_channel: {scales.size} scales for {q.shape[axis]} channels")
     calc = _scale_dtype(scales)
-    values = q.astype(np.int64)
-    if zero_points is not None:
-        values = values - _channel_view(zero_points.astype(np.int64), q.ndim, axis)
-    return write(out, values.astype(calc) * _channel_view(scales.astype(calc, copy=False), q.ndim, axis))
+    per_channel = _channel_view(scales.astype(calc, copy=False), q.ndim, axis)
+    if zero_points is None:  # a weight-only LLM weight: skip the int64 detour (same values, 1/3 the memory traffic)
+        return write(out, q.astype(calc) * per_channel)
+    values = q.astype(np.int64) - _channel_view(zero_points.astype(np.int64), q.ndim, axis)
+    return write(out, values.astype(calc) * per_channel)
 
 
 # ------------------------------------------------------------------ choose_qparams

@@ -81,6 +81,10 @@ def export_llm(
     dtype: str = "fp32",
     progress: Optional[Progress] = None,
     custom_ops: bool = True,
+    backend: str = "portable",
+    quantize: str | None = None,
+    group_size: int | None = None,
+    embedding_quantize: str | None = None,
     progress_bar: Optional[bool] = False,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
@@ -90,14 +94,67 @@ def export_llm(
     ``custom_ops`` (the default) updates and attends the KV cache in place with
     ``llama::update_cache`` / ``llama::custom_sdpa``; ``custom_ops=False`` writes the
     program in core ATen ops only, which ExecuTorch's stock runtime loads as well.
-    ``progress_bar`` draws a bar per long stage on stderr (None: only on a terminal)."""
+
+    ``backend="xnnpack"`` delegates the linears (and the fp32 ops around them that XNNPACK
+    runs) to ExecuTorch's XnnpackBackend (execupy.exir.xnnpack). ``progress_bar`` draws a
+    bar per long stage on stderr (None: only on a terminal).
+
+    ``quantize`` ("int8", "int4", "8da4w", "8da8w" or "gguf"), ``group_size`` and
+    ``embedding_quantize`` ("8", "4" or "4,32") are ExecuTorch's quantization options; the
+    graphs they write are those of docs/quantized-llm.md."""
     _check_dtype(dtype)  # before the (slow) load, not after
+    transforms = quant_transforms(quantize, group_size, embedding_quantize, dtype, checkpoint_path)
+    if backend not in BACKENDS:
+        raise ExportError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     output_path = Path(output_path)
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
                                                progress=progress, progress_bar=progress_bar)
-    return (manager.set_output_dir(output_path.parent).set_dtype(dtype)
-            .export().to_edge().to_executorch().save(output_path.name))
+    if backend == "xnnpack":
+        transforms.append(head_as_linear)
+    manager = (manager.set_output_dir(output_path.parent).set_dtype(dtype).source_transform(transforms)
+               .export().to_edge())
+    return manager.to_backend(backend_partitioners(backend)).to_executorch().save(output_path.name)
+
+
+BACKENDS = ("portable", "xnnpack")
+
+
+def head_as_linear(model: Transformer) -> Transformer:
+    """Source transform: the output head as nn.Linear's own form (x @ W^T), which XNNPACK
+    runs as a fully connected node, instead of the portable program's `W @ column`."""
+    model.column_head = False
+    return model
+
+
+def backend_partitioners(backend: str) -> list:
+    if backend == "xnnpack":
+        from execupy.exir.xnnpack import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+    return []
+
+
+def quant_transforms(quantize: str | None, group_size: int | None, embedding_quantize: str | None, dtype: str,
+                     checkpoint_path: str | os.PathLike) -> list[Callable[[torch.nn.Module], torch.nn.Module]]:
+    """The source transforms of the quantization options, checked before anything is loaded."""
+    from execupy.llm.export.quantize import (check_mode, get_quant_embedding_transform,
+                                             get_quant_weight_transform, parse_embedding_quantize)
+
+    transforms = []
+    if (quantize or embedding_quantize) and dtype != "fp32":
+        raise ExportError(f"quantization computes in fp32 between its integer weights; use --dtype fp32, not {dtype}")
+    if quantize is None and group_size is not None:
+        raise ExportError("--group-size needs --quantize")
+    if quantize is not None:
+        check_mode(quantize, group_size, checkpoint_path)
+        transforms.append(get_quant_weight_transform(quantize, group_size, checkpoint_path))
+    if embedding_quantize is not None:
+        if quantize == "gguf":
+            raise ExportError("--quantize gguf keeps the file's own embedding; --embedding-quantize does not apply")
+        parse_embedding_quantize(embedding_quantize)
+        transforms.insert(0, get_quant_embedding_transform(embedding_quantize))  # before a tied output is split off
+    return transforms
 
 
 class LLMExportManager:

@@ -198,6 +198,9 @@ class Transformer(nn.Module):
         self.use_kv_cache = use_kv_cache
         self.use_custom_ops = use_custom_ops
         self.last_logits_only = last_logits_only
+        # The last row's logits as `W @ column` (see _logits); a delegate that runs nn.Linear's
+        # own form (XNNPACK's fully connected node) turns this off with head_as_linear().
+        self.column_head = True
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         if config.arch == "gpt2":
             self.pos_embeddings = nn.Embedding(config.max_seq_len, config.dim)
@@ -278,7 +281,7 @@ class Transformer(nn.Module):
         """[N, dim] -> [1, N, vocab]. One row (the export's last_logits_only) is multiplied as
         ``W @ column``: no transposed weight, which for tied embeddings would be a second copy
         of the embedding table. A swapped-in (quantized) head runs its own forward."""
-        if self.last_logits_only and type(self.output) is nn.Linear and self.output.bias is None:
+        if self.column_head and self.last_logits_only and type(self.output) is nn.Linear and self.output.bias is None:
             return (self.output.weight @ h.reshape(-1, 1)).reshape(1, 1, -1)
         return self.output(h).unsqueeze(0)
 

@@ -1,0 +1,735 @@
+"""Turn a delegated fx subgraph into an XNNGraph (fp32), one aten op at a time.
+
+`OPS` is the table both halves use: the partitioner asks `supported(node)` (its check),
+preprocess calls its emitter. Emitters add XNNPACK nodes through `GraphBuilder`, which
+names values (runtime inputs, constants, results) and marks the subgraph's inputs and
+outputs as external values in DelegateCall order, as ExecuTorch's runtime binds them.
+
+Layouts follow ExecuTorch's preprocess: FullyConnected filters are [out, in]; convolution
+runs in NHWC, with explicit StaticTranspose nodes around it and filters stored
+channels-last (O,H,W,I; depthwise [1,H,W,O]; transposed [G*O_g,H,W,I_g]).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.fx
+
+from ...backends.xnnpack.schema import EXTERNAL_INPUT, EXTERNAL_OUTPUT, NO_VALUE
+from ...errors import ExportError
+from ..passes import sym_upper_bound
+from .payload import NO_DEBUG_HANDLE, XGraph, XNode, XValue
+
+aten = torch.ops.aten
+MAX_DIMS = 6  # XNN_MAX_TENSOR_DIMS
+KEEP_DIMS = 0x40
+ALIGN_CORNERS = 0x8
+TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+PER_CHANNEL, PER_TOKEN = 1, 3  # XNNQuantParams tags
+qd = torch.ops.quantized_decomposed
+
+IsConst = Callable[[Any], bool]
+
+
+# ---------------------------------------------------------------- the builder
+
+
+class GraphBuilder:
+    """Values and nodes of one XNNGraph being built from a subgraph."""
+
+    def __init__(self, constants: dict[torch.fx.Node, torch.Tensor], outputs: list[torch.fx.Node]):
+        self.graph = XGraph()
+        self.constants = constants
+        self.ids: dict[torch.fx.Node, int] = {}
+        self.output_index = {n: i for i, n in enumerate(outputs)}
+        self.num_inputs = 0
+        self.debug_handle = NO_DEBUG_HANDLE  # of the fx node being lowered: its XNNPACK nodes carry it
+
+    # -- values
+
+    def input(self, node: torch.fx.Node) -> None:
+        self.ids[node] = self.graph.add_value(XValue("fp32", _dims(node), external_id=self.num_inputs,
+                                                     flags=EXTERNAL_INPUT))
+        self.graph.input_ids.append(self.ids[node])
+        self.num_inputs += 1
+
+    def constant(self, data: np.ndarray) -> int:
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        idx = self.graph.add_constant(data)
+        return self.graph.add_value(XValue("fp32", list(data.shape) or [1], constant_buffer_idx=idx))
+
+    def value(self, arg: Any) -> int:
+        """The value id of an operand: a runtime value, a constant (as laid out in torch) or a number."""
+        if isinstance(arg, torch.fx.Node):
+            if arg not in self.ids:
+                if arg not in self.constants:
+                    raise ExportError(f"XnnpackBackend: operand {arg.name} is neither computed nor constant")
+                self.ids[arg] = self.constant(self.constants[arg].detach().float().numpy())
+            return self.ids[arg]
+        return self.constant(np.array([arg], np.float32))
+
+    def dynamic_quantized(self, src: int) -> int:
+        """Convert an fp32 value to qdint8 (int8 with a scale and zero point per row, chosen at run time)."""
+        out = self.graph.add_value(XValue("qdint8", list(self.dims(src)), quant=(PER_TOKEN, [(0, "Int32", 1)])))
+        self.add("Convert", input_id=src, output_id=out, flags=0)
+        return out
+
+    def per_channel_filter(self, q: torch.Tensor, scales: torch.Tensor) -> int:
+        """An int8 [out, in] filter with one scale per output channel (qcint8)."""
+        idx = self.graph.add_constant(q.detach().numpy().astype(np.int8))
+        quant = (PER_CHANNEL, [(0, "floats", scales.detach().float().numpy()), (1, "Int32", 0)])
+        return self.graph.add_value(XValue("qcint8", [int(d) for d in q.shape], constant_buffer_idx=idx, quant=quant))
+
+    def temp(self, dims: list[int]) -> int:
+        return self.graph.add_value(XValue("fp32", list(dims)))
+
+    def result(self, node: torch.fx.Node, dims: Optional[list[int]] = None) -> int:
+        """Define the value a node computes (external when the subgraph returns it)."""
+        value = XValue("fp32", _dims(node) if dims is None else dims)
+        if node in self.output_index:
+            value.external_id, value.flags = self.num_inputs + self.output_index[node], EXTERNAL_OUTPUT
+        self.ids[node] = self.graph.add_value(value)
+        if node in self.output_index:
+            self.graph.output_ids.append(self.ids[node])
+        return self.ids[node]
+
+    def dims(self, value_id: int) -> list[int]:
+        return self.graph.values[value_id].dims
+
+    # -- nodes
+
+    def add(self, kind: str, output_min: float = -math.inf, output_max: float = math.inf, **fields: Any) -> None:
+        self.graph.nodes.append(XNode(kind, fields, output_min, output_max, self.debug_handle))
+
+    def transpose(self, src: int, perm: list[int], out: Optional[int] = None) -> int:
+        if out is None:
+            out = self.temp([self.dims(src)[p] for p in perm])
+        self.add("StaticTranspose", num_dims=len(perm), perm=perm, input_id=src, output_id=out)
+        return out
+
+    def reshape(self, src: int, dims: list[int], out: Optional[int] = None) -> int:
+        out = self.temp(dims) if out is None else out
+        self.add("StaticReshape", num_dims=len(dims), new_shape=list(dims), input_id=src, output_id=out)
+        return out
+
+    def nhwc(self, node: torch.fx.Node, arg: torch.fx.Node, emit: Callable[[int], int]) -> None:
+        """Run `emit(nhwc input id) -> nhwc output id` between NCHW<->NHWC transposes."""
+        src = self.transpose(self.value(arg), TO_NHWC)
+        out_nhwc = emit(src)
+        self.transpose(out_nhwc, TO_NCHW, self.result(node))
+
+    def finish(self) -> XGraph:
+        self.graph.num_externs = self.num_inputs + len(self.output_index)
+        return self.graph
+
+
+def _dims(node: torch.fx.Node) -> list[int]:
+    """Static sizes, or for a dynamic size its upper bound (XNNPACK reshapes to the actual
+    sizes of the inputs at every call)."""
+    val = node.meta["val"]
+    return [sym_upper_bound(d, {}) for d in val.shape] or [1]
+
+
+def _val(arg: Any) -> Optional[torch.Tensor]:
+    v = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _arg(node: torch.fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+# ---------------------------------------------------------------- emitters
+
+
+def _binary(kind: str):
+    def emit(node: torch.fx.Node, g: GraphBuilder) -> None:
+        a, b = g.value(node.args[0]), g.value(node.args[1])
+        g.add(kind, input1_id=a, input2_id=b, output_id=g.result(node))
+
+    return emit
+
+
+def _unary(kind: str, **fields: Any):
+    def emit(node: torch.fx.Node, g: GraphBuilder) -> None:
+        g.add(kind, input_id=g.value(node.args[0]), output_id=g.result(node), **fields)
+
+    return emit
+
+
+def _clamp(bounds: Callable[[torch.fx.Node], tuple[float, float]]):
+    def emit(node: torch.fx.Node, g: GraphBuilder) -> None:
+        lo, hi = bounds(node)
+        g.add("Clamp", output_min=lo, output_max=hi, input_id=g.value(node.args[0]), output_id=g.result(node))
+
+    return emit
+
+
+def _clamp_bounds(node: torch.fx.Node) -> tuple[float, float]:
+    lo, hi = _arg(node, 1, "min"), _arg(node, 2, "max")
+    return (-math.inf if lo is None else float(lo)), (math.inf if hi is None else float(hi))
+
+
+def _leaky_relu(node: torch.fx.Node, g: GraphBuilder) -> None:
+    g.add("LeakyReLU", negative_slope=float(_arg(node, 1, "negative_slope", 0.01)),
+          input_id=g.value(node.args[0]), output_id=g.result(node))
+
+
+def _elu(node: torch.fx.Node, g: GraphBuilder) -> None:
+    g.add("ELU", alpha=float(_arg(node, 1, "alpha", 1.0)), input_id=g.value(node.args[0]), output_id=g.result(node))
+
+
+def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias: Any) -> None:
+    """y = x @ w (+ bias), x [M, K], w [K, N]: FullyConnected when w is a constant, else a
+    BatchMatrixMultiply of a batch of one."""
+    quantized = qd8_linear(x, w)
+    if quantized is not None:
+        src, q, scales = quantized
+        zero = w.args[0].args[2]
+        if zero is not None and bool(g.constants[zero].any()):
+            raise ExportError(f"XnnpackBackend: {w.args[0].name} has nonzero weight zero points (qc8w is symmetric)")
+        filt = g.per_channel_filter(g.constants[q], g.constants[scales])
+        bias_id = NO_VALUE
+        fused_bias = bias is not None and bias in g.constants and g.constants[bias].dim() == 1
+        if fused_bias:
+            bias_id = g.constant(g.constants[bias].detach().float().numpy())
+        out = g.result(node) if bias is None or fused_bias else g.temp(_dims(node))
+        g.add("FullyConnected", input1_id=g.dynamic_quantized(g.value(src)), filter_id=filt, bias_id=bias_id,
+              output_id=out)
+        if bias is None or fused_bias:
+            return
+    elif isinstance(w, torch.fx.Node) and w in g.constants:
+        filt = g.constant(g.constants[w].detach().float().numpy().T)  # [out, in]
+        bias_id = NO_VALUE
+        fused_bias = bias is not None and bias in g.constants and g.constants[bias].dim() == 1
+        if fused_bias:
+            bias_id = g.constant(g.constants[bias].detach().float().numpy())
+        out = g.result(node) if bias is None or fused_bias else g.temp(_dims(node))
+        g.add("FullyConnected", input1_id=g.value(x), filter_id=filt, bias_id=bias_id, output_id=out)
+        if bias is None or fused_bias:
+            return
+    else:
+        m, k = _dims(x)
+        n = _dims(node)[1]
+        a, b = g.reshape(g.value(x), [1, m, k]), g.reshape(g.value(w), [1, k, n])
+        prod = g.temp([1, m, n])
+        g.add("BatchMatrixMultiply", input1_id=a, input2_id=b, output_id=prod)
+        out = g.reshape(prod, [m, n], g.result(node) if bias is None else None)
+        if bias is None:
+            return
+    g.add("Add", input1_id=out, input2_id=g.value(bias), output_id=g.result(node))
+
+
+def per_token_round_trip(x: Any) -> Optional[torch.fx.Node]:
+    """The float source of dequantize_per_token(quantize_per_token(src, s, zp), s, zp) with s, zp
+    from choose_qparams_per_token_asymmetric(src): int8 activations per token (qd8)."""
+    if not isinstance(x, torch.fx.Node) or x.target is not qd.dequantize_per_token.default:
+        return None
+    quant = x.args[0]
+    if not isinstance(quant, torch.fx.Node) or quant.target is not qd.quantize_per_token.default:
+        return None
+    src, scale, zero = quant.args[:3]
+    choose = scale.args[0] if isinstance(scale, torch.fx.Node) and scale.target is operator.getitem else None
+    if (choose is None or choose.target is not qd.choose_qparams_per_token_asymmetric.default
+            or choose.args[0] is not src or tuple(quant.args[3:6]) != (-128, 127, torch.int8)):
+        return None
+    return src
+
+
+def per_channel_weight(w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node]]:
+    """(int8 values, scales) of permute(dequantize_per_channel(q, s, zp=0|None, axis 0, int8), [1, 0])."""
+    if not isinstance(w, torch.fx.Node) or w.target is not aten.permute.default or list(w.args[1]) != [1, 0]:
+        return None
+    dq = w.args[0]
+    if not isinstance(dq, torch.fx.Node) or dq.target is not qd.dequantize_per_channel.default:
+        return None
+    q, scales, zero, axis, lo, hi, dtype = dq.args[:7]
+    if axis != 0 or dtype != torch.int8 or lo < -128 or hi > 127:
+        return None
+    if zero is not None and not isinstance(zero, torch.fx.Node):
+        return None
+    return q, scales
+
+
+def qd8_linear(x: Any, w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
+    src, weight = per_token_round_trip(x), per_channel_weight(w)
+    return None if src is None or weight is None else (src, *weight)
+
+
+def _addmm(node: torch.fx.Node, g: GraphBuilder) -> None:
+    _matmul(node, g, node.args[1], node.args[2], node.args[0])
+
+
+def _mm(node: torch.fx.Node, g: GraphBuilder) -> None:
+    _matmul(node, g, node.args[0], node.args[1], None)
+
+
+def _linear(node: torch.fx.Node, g: GraphBuilder) -> None:
+    w, bias = node.args[1], _arg(node, 2, "bias")
+    filt = g.constant(g.constants[w].detach().float().numpy())
+    bias_id = NO_VALUE if bias is None else g.constant(g.constants[bias].detach().float().numpy())
+    g.add("FullyConnected", input1_id=g.value(node.args[0]), filter_id=filt, bias_id=bias_id, output_id=g.result(node))
+
+
+def _pair(v: Any) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * 2 if len(v) == 1 else v
+
+
+def _conv_filter(w: np.ndarray, transposed: bool, depthwise: bool, groups: int) -> np.ndarray:
+    if transposed:  # (G*I_g, O_g, H, W) -> (G*O_g, H, W, I_g)
+        gi, og, kh, kw = w.shape
+        return w.reshape(groups, gi // groups, og, kh, kw).transpose(0, 2, 3, 4, 1).reshape(groups * og, kh, kw,
+                                                                                            gi // groups)
+    if depthwise:  # (O, 1, H, W) -> (1, H, W, O)
+        return w.transpose(1, 2, 3, 0)
+    return w.transpose(0, 2, 3, 1)
+
+
+def _convolution(node: torch.fx.Node, g: GraphBuilder) -> None:
+    x, w, bias, stride, padding, dilation, transposed, output_padding, groups = node.args[:9]
+    weight = g.constants[w].detach().float().numpy()
+    if transposed:
+        group_in, group_out = weight.shape[0] // groups, weight.shape[1]
+    else:
+        group_in, group_out = weight.shape[1], weight.shape[0] // groups
+    depthwise = group_in == 1 and group_out % group_in == 0 and not transposed
+    kind = "DepthwiseConv2d" if depthwise else "ConvTranspose2d" if transposed else "Conv2d"
+    filt = g.constant(_conv_filter(weight, transposed, depthwise, groups))
+    bias_id = NO_VALUE if bias is None else g.constant(g.constants[bias].detach().float().numpy())
+    (sh, sw), (ph, pw), (dh, dw), (ah, aw) = (_pair(v) for v in (stride, padding, dilation, output_padding))
+    n, c, h, wd = _dims(node)
+
+    def emit(src: int) -> int:
+        out = g.temp([n, h, wd, c])
+        g.add(kind, padding_top=ph, padding_right=pw, padding_bottom=ph, padding_left=pw,
+              kernel_height=weight.shape[2], kernel_width=weight.shape[3], subsampling_height=sh,
+              subsampling_width=sw, dilation_height=dh, dilation_width=dw, group_input_channels=group_in,
+              group_output_channels=group_out, groups=groups, adjustment_height=ah, adjustment_width=aw,
+              input1_id=src, filter_id=filt, bias_id=bias_id, output_id=out, flags=0)
+        return out
+
+    g.nhwc(node, x, emit)
+
+
+def _nhwc_out(node: torch.fx.Node) -> list[int]:
+    n, c, h, w = _dims(node)
+    return [n, h, w, c]
+
+
+def _max_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
+    x, kernel = node.args[0], _pair(node.args[1])
+    stride = _pair(_arg(node, 2, "stride", []) or kernel)
+    padding, dilation = _pair(_arg(node, 3, "padding", 0)), _pair(_arg(node, 4, "dilation", 1))
+    (item,) = node.users  # the pooled values (checked: nobody reads the indices)
+
+    def emit(src: int) -> int:
+        out = g.temp(_nhwc_out(item))
+        g.add("MaxPooling2d", padding_top=padding[0], padding_right=padding[1], padding_bottom=padding[0],
+              padding_left=padding[1], pooling_height=kernel[0], pooling_width=kernel[1], stride_height=stride[0],
+              stride_width=stride[1], dilation_height=dilation[0], dilation_width=dilation[1], input_id=src,
+              output_id=out, flags=KEEP_DIMS)
+        return out
+
+    g.nhwc(item, x, emit)
+
+
+def _batch_norm(node: torch.fx.Node, g: GraphBuilder) -> None:
+    """Inference batch norm with constant statistics: x * scale + shift, per channel."""
+    x, weight, bias, mean, var = node.args[:5]
+    eps = float(node.args[6])
+    (item,) = node.users  # the normalized values (checked: nobody reads the saved statistics)
+    const = lambda a: g.constants[a].detach().double()  # noqa: E731
+    scale = 1.0 / torch.sqrt(const(var) + eps)
+    if weight is not None:
+        scale = scale * const(weight)
+    shift = -const(mean) * scale + (const(bias) if bias is not None else 0.0)
+    per_channel = [-1] + [1] * (len(_dims(x)) - 2)
+    scaled = g.temp(_dims(item))
+    g.add("Multiply", input1_id=g.value(x), input2_id=g.constant(scale.reshape(per_channel).float().numpy()),
+          output_id=scaled)
+    g.add("Add", input1_id=scaled, input2_id=g.constant(shift.reshape(per_channel).float().numpy()),
+          output_id=g.result(item))
+
+
+def _avg_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
+    x, kernel = node.args[0], _pair(node.args[1])
+    stride = _pair(_arg(node, 2, "stride", []) or kernel)
+    padding = _pair(_arg(node, 3, "padding", 0))
+
+    def emit(src: int) -> int:
+        out = g.temp(_nhwc_out(node))
+        g.add("AvgPooling2d", padding_top=padding[0], padding_right=padding[1], padding_bottom=padding[0],
+              padding_left=padding[1], pooling_height=kernel[0], pooling_width=kernel[1], stride_height=stride[0],
+              stride_width=stride[1], dilation_height=1, dilation_width=1, input_id=src, output_id=out,
+              flags=KEEP_DIMS)
+        return out
+
+    g.nhwc(node, x, emit)
+
+
+def _global_mean(node: torch.fx.Node, g: GraphBuilder) -> None:
+    def emit(src: int) -> int:
+        out = g.temp(_nhwc_out(node))
+        g.add("GlobalAvgPooling2d", input_id=src, output_id=out, flags=KEEP_DIMS)
+        return out
+
+    g.nhwc(node, node.args[0], emit)
+
+
+def _upsample_bilinear(node: torch.fx.Node, g: GraphBuilder) -> None:
+    n, c, h, w = _dims(node)
+    flags = ALIGN_CORNERS if node.args[2] else 0
+
+    def emit(src: int) -> int:
+        out = g.temp([n, h, w, c])
+        g.add("StaticResizeBilinear2D", new_height=h, new_width=w, input_id=src, output_id=out, flags=flags)
+        return out
+
+    g.nhwc(node, node.args[0], emit)
+
+
+def _softmax(node: torch.fx.Node, g: GraphBuilder) -> None:
+    g.add("Softmax", input_id=g.value(node.args[0]), output_id=g.result(node), flags=0)
+
+
+def _cat(node: torch.fx.Node, g: GraphBuilder) -> None:
+    tensors = node.args[0]
+    axis = _arg(node, 1, "dim", 0) % len(_dims(node))
+    ids = [g.value(t) for t in tensors] + [NO_VALUE] * (5 - len(tensors))
+    g.add(f"Concatenate{len(tensors)}", axis=axis, input1_id=ids[0], input2_id=ids[1], input3_id=ids[2],
+          input4_id=ids[3], input5_id=ids[4], output_id=g.result(node), flags=0)
+
+
+def _slice_bounds(node: torch.fx.Node) -> tuple[int, int, int]:
+    size = _val(node.args[0]).shape
+    dim = _arg(node, 1, "dim", 0) % len(size)
+    n = int(size[dim])
+    start, end = _arg(node, 2, "start"), _arg(node, 3, "end")
+    start = 0 if start is None else (start + n if start < 0 else start)
+    end = n if end is None else (end + n if end < 0 else end)
+    start, end = min(max(start, 0), n), min(max(end, 0), n)
+    return dim, start, end
+
+
+def _slice(node: torch.fx.Node, g: GraphBuilder) -> None:
+    dim, start, end = _slice_bounds(node)
+    src = g.value(node.args[0])
+    offsets = [0] * len(g.dims(src))
+    offsets[dim] = start
+    g.add("StaticSlice", num_dims=len(offsets), offsets=offsets, sizes=_dims(node), input_id=src,
+          output_id=g.result(node), flags=0)
+
+
+def _permute(node: torch.fx.Node, g: GraphBuilder) -> None:
+    rank = len(_dims(node))
+    g.transpose(g.value(node.args[0]), [d % rank for d in node.args[1]], g.result(node))
+
+
+def _reshape(node: torch.fx.Node, g: GraphBuilder) -> None:
+    g.reshape(g.value(node.args[0]), _dims(node), g.result(node))
+
+
+def _pad(node: torch.fx.Node, g: GraphBuilder) -> None:
+    src = g.value(node.args[0])
+    rank, pad = len(g.dims(src)), list(node.args[1])
+    pre, post = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):  # torch lists (before, after) pairs from the last dim backwards
+        pre[rank - 1 - i], post[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    g.add("StaticConstantPad", pre_paddings=pre, post_paddings=post, padding_value=float(_arg(node, 2, "value", 0.0)),
+          input_id=src, output_id=g.result(node), flags=0)
+
+
+def _bmm(node: torch.fx.Node, g: GraphBuilder) -> None:
+    g.add("BatchMatrixMultiply", input1_id=g.value(node.args[0]), input2_id=g.value(node.args[1]),
+          output_id=g.result(node), flags=0)
+
+
+# ---------------------------------------------------------------- checks (what the emitters handle)
+
+
+def _always(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return True
+
+
+def _alpha_one(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return node.kwargs.get("alpha", 1) == 1
+
+
+def _two_d(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return all(_val(a) is not None and _val(a).dim() == 2 for a in node.args[:2])
+
+
+def _addmm_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return (node.kwargs.get("beta", 1) == 1 and node.kwargs.get("alpha", 1) == 1
+            and all(_val(a) is not None and _val(a).dim() == 2 for a in node.args[1:3]))
+
+
+def _linear_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    bias = _arg(node, 2, "bias")
+    return _val(node.args[0]).dim() == 2 and is_const(node.args[1]) and (bias is None or is_const(bias))
+
+
+def _conv_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    x, w, bias = node.args[:3]
+    return (_val(x).dim() == 4 and is_const(w) and (bias is None or is_const(bias))
+            and all(len(_pair(v)) == 2 for v in node.args[3:6]))
+
+
+def _max_pool_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return _val(node.args[0]).dim() == 4 and not _arg(node, 5, "ceil_mode", False) and _only_first_output_read(node)
+
+
+def _only_first_output_read(node: torch.fx.Node) -> bool:
+    users = list(node.users)
+    return len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0
+
+
+def _batch_norm_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return (_val(node.args[0]).dim() >= 2 and all(a is None or is_const(a) for a in node.args[1:3])
+            and all(is_const(a) for a in node.args[3:5]) and _only_first_output_read(node))
+
+
+def _avg_pool_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    padded = any(_pair(_arg(node, 3, "padding", 0)))
+    # XNNPACK averages over the input pixels only: padded windows must not count the padding.
+    return (_val(node.args[0]).dim() == 4 and not _arg(node, 4, "ceil_mode", False)
+            and _arg(node, 6, "divisor_override") is None and not (padded and _arg(node, 5, "count_include_pad", True)))
+
+
+def _mean_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    rank = _val(node.args[0]).dim()
+    dims = _arg(node, 1, "dim")
+    return (rank == 4 and dims is not None and sorted(d % 4 for d in dims) == [2, 3]
+            and bool(_arg(node, 2, "keepdim", False)) and node.kwargs.get("dtype") is None)
+
+
+def _softmax_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return node.args[1] % _val(node.args[0]).dim() == _val(node.args[0]).dim() - 1 and not node.args[2]
+
+
+def _cat_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return 2 <= len(node.args[0]) <= 5
+
+
+def _slice_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return _arg(node, 4, "step", 1) == 1 and all(d > 0 for d in _val(node).shape)
+
+
+def _pad_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return all(p >= 0 for p in node.args[1])
+
+
+def _clone_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return node.kwargs.get("memory_format") in (None, torch.contiguous_format)
+
+
+def _gelu_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return node.kwargs.get("approximate", _arg(node, 1, "approximate", "none")) == "none"
+
+
+def _elu_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return _arg(node, 2, "scale", 1) == 1 and _arg(node, 3, "input_scale", 1) == 1
+
+
+def _bmm_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return all(_val(a) is not None and _val(a).dim() == 3 for a in node.args[:2])
+
+
+@dataclass(frozen=True)
+class Op:
+    emit: Callable[[torch.fx.Node, GraphBuilder], None]
+    check: Callable[[torch.fx.Node, IsConst], bool] = _always
+
+
+OPS: dict[Any, Op] = {
+    aten.addmm.default: Op(_addmm, _addmm_ok),
+    aten.mm.default: Op(_mm, _two_d),
+    aten.linear.default: Op(_linear, _linear_ok),
+    aten.convolution.default: Op(_convolution, _conv_ok),
+    aten.add.Tensor: Op(_binary("Add"), _alpha_one),
+    aten.sub.Tensor: Op(_binary("Subtract"), _alpha_one),
+    aten.mul.Tensor: Op(_binary("Multiply")),
+    aten.div.Tensor: Op(_binary("Div")),
+    aten.add.Scalar: Op(_binary("Add"), _alpha_one),
+    aten.sub.Scalar: Op(_binary("Subtract"), _alpha_one),
+    aten.mul.Scalar: Op(_binary("Multiply")),
+    aten.div.Scalar: Op(_binary("Div")),
+    aten.minimum.default: Op(_binary("Minimum")),
+    aten.maximum.default: Op(_binary("Maximum")),
+    aten.relu.default: Op(_clamp(lambda n: (0.0, math.inf))),
+    aten.hardtanh.default: Op(_clamp(lambda n: (float(_arg(n, 1, "min_val", -1.0)), float(_arg(n, 2, "max_val", 1.0))))),
+    aten.clamp.default: Op(_clamp(_clamp_bounds)),
+    aten.sigmoid.default: Op(_unary("Sigmoid")),
+    aten.tanh.default: Op(_unary("Tanh")),
+    aten.gelu.default: Op(_unary("Gelu"), _gelu_ok),
+    aten.elu.default: Op(_elu, _elu_ok),
+    aten.leaky_relu.default: Op(_leaky_relu),
+    aten.hardswish.default: Op(_unary("Hardswish")),
+    aten.abs.default: Op(_unary("Abs")),
+    aten.neg.default: Op(_unary("Negate")),
+    aten.exp.default: Op(_unary("Exp")),
+    aten.log.default: Op(_unary("Log")),
+    aten.sqrt.default: Op(_unary("SquareRoot")),
+    aten.rsqrt.default: Op(_unary("ReciprocalSquareRoot")),
+    aten.sin.default: Op(_unary("Sin")),
+    aten.cos.default: Op(_unary("Cos")),
+    aten.floor.default: Op(_unary("Floor")),
+    aten.ceil.default: Op(_unary("Ceiling")),
+    aten.pow.Tensor_Scalar: Op(_unary("Square"), lambda n, c: n.args[1] == 2),
+    aten._softmax.default: Op(_softmax, _softmax_ok),
+    aten.mean.dim: Op(_global_mean, _mean_ok),
+    aten.max_pool2d_with_indices.default: Op(_max_pool, _max_pool_ok),
+    aten.avg_pool2d.default: Op(_avg_pool, _avg_pool_ok),
+    aten._native_batch_norm_legit_no_training.default: Op(_batch_norm, _batch_norm_ok),
+    aten.cat.default: Op(_cat, _cat_ok),
+    aten.slice.Tensor: Op(_slice, _slice_ok),
+    aten.permute.default: Op(_permute),
+    aten.view.default: Op(_reshape),
+    aten._unsafe_view.default: Op(_reshape),
+    aten.squeeze.dims: Op(_reshape),
+    aten.squeeze.dim: Op(_reshape),
+    aten.unsqueeze.default: Op(_reshape),
+    aten.clone.default: Op(_unary("Copy"), _clone_ok),
+    aten.constant_pad_nd.default: Op(_pad, _pad_ok),
+    aten.bmm.default: Op(_bmm, _bmm_ok),
+    aten.upsample_bilinear2d.vec: Op(_upsample_bilinear, lambda n, c: _val(n.args[0]).dim() == 4),
+}
+# Ops returning a tuple of which only the first element is delegated (read through getitem).
+TUPLE_OPS = {aten.max_pool2d_with_indices.default, aten._native_batch_norm_legit_no_training.default}
+LAYOUT_ONLY = {aten.permute.default, aten.view.default, aten._unsafe_view.default, aten.squeeze.dims,
+               aten.squeeze.dim, aten.unsqueeze.default, aten.clone.default, aten.slice.Tensor}
+
+
+# Ops whose XNNPACK node takes any leading sizes at run time: they may have dynamic sizes
+# (an LLM's token count). Reshapes, slices, pooling... need static ones.
+DYNAMIC_OK = {aten.addmm.default, aten.mm.default, aten.linear.default, aten.add.Tensor, aten.sub.Tensor,
+              aten.mul.Tensor, aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar,
+              aten.div.Scalar, aten.minimum.default, aten.maximum.default, aten.relu.default,
+              aten.hardtanh.default, aten.clamp.default, aten.sigmoid.default, aten.tanh.default,
+              aten.gelu.default, aten.elu.default, aten.leaky_relu.default, aten.hardswish.default,
+              aten._softmax.default, aten.abs.default, aten.neg.default, aten.exp.default, aten.log.default,
+              aten.sqrt.default, aten.rsqrt.default, aten.sin.default, aten.cos.default, aten.floor.default,
+              aten.ceil.default, aten.pow.Tensor_Scalar}
+
+
+def _fp32(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and 1 <= v.dim() <= MAX_DIMS
+
+
+def _static(v: torch.Tensor) -> bool:
+    return all(isinstance(s, int) for s in v.shape)
+
+
+def _dynamic_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    """Dynamic sizes: the op must take them, and a matrix product needs a constant weight
+    (a FullyConnected; the batch-matmul fallback reshapes)."""
+    if node.target not in DYNAMIC_OK:
+        return False
+    if node.target in (aten.mm.default, aten.addmm.default):
+        return is_const(node.args[1] if node.target is aten.mm.default else node.args[2])
+    return True
+
+
+def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
+    """Can XNNPACK run this node (fp32, static shapes, arguments its emitter handles)?"""
+    if node.target in QD8_PARTS:
+        return _qd8_part_ok(node, is_const)
+    if node.target is operator.getitem and node.args[0].target is qd.choose_qparams_per_token_asymmetric.default:
+        return _qd8_part_ok(node.args[0], is_const)
+    if node.target is operator.getitem:  # the values of a delegated max pooling / batch norm
+        src = node.args[0]
+        return src.target in TUPLE_OPS and supported(src, is_const)
+    op = OPS.get(node.target)
+    if op is None:
+        return False
+    out = node.meta.get("val")
+    out = out[0] if node.target in TUPLE_OPS else out
+    values = [out] + [a.meta.get("val") for a in node.all_input_nodes]
+    if not all(_fp32(v) for v in values):
+        return False
+    if not all(_static(v) for v in values) and not _dynamic_ok(node, is_const):
+        return False
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, (list, tuple)) and not all(isinstance(d, (int, torch.fx.Node)) for d in a):
+            return False  # symbolic sizes
+    try:
+        return bool(op.check(node, is_const))
+    except (TypeError, AttributeError, IndexError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------- whole subgraph
+
+
+QD8_PARTS = {qd.choose_qparams_per_token_asymmetric.default, qd.quantize_per_token.default,
+             qd.dequantize_per_token.default, qd.dequantize_per_channel.default}
+
+
+def _qd8_part_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    """A node of the qd8 x qc8w linear form, every use of which is such a linear: XNNPACK does the
+    activation round trip itself (Convert to qdint8) and keeps the int8 weight."""
+    if node.target is qd.dequantize_per_channel.default:
+        return all(u.target is aten.permute.default and per_channel_weight(u) is not None
+                   and all(_is_qd8_matmul(m) for m in u.users) for u in node.users)
+    if node.target is qd.choose_qparams_per_token_asymmetric.default:
+        return all(u.target is operator.getitem and all(_qd8_part_ok(v, is_const) for v in u.users)
+                   for u in node.users)
+    if node.target is qd.quantize_per_token.default:
+        return all(_qd8_part_ok(u, is_const) for u in node.users)
+    if node.target is qd.dequantize_per_token.default:
+        return per_token_round_trip(node) is not None and all(_is_qd8_matmul(u) for u in node.users)
+    return False
+
+
+def _is_qd8_matmul(node: torch.fx.Node) -> bool:
+    if node.target is aten.addmm.default:
+        return qd8_linear(node.args[1], node.args[2]) is not None and _addmm_ok(node, lambda a: True)
+    if node.target is aten.mm.default:
+        return qd8_linear(node.args[0], node.args[1]) is not None
+    return False
+
+
+def fold_constants(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
+    """get_attr tensors, and every node computed from them alone (a weight's permute), evaluated."""
+    consts: dict[torch.fx.Node, torch.Tensor] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            consts[node] = getattr(gm, node.target)
+        elif node.op == "call_function" and node.all_input_nodes and all(a in consts for a in node.all_input_nodes):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: consts[a])
+            value = node.target(*args, **kwargs)
+            if isinstance(value, torch.Tensor):
+                consts[node] = value
+    return consts
+
+
+def build_graph(gm: torch.fx.GraphModule) -> XGraph:
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = list(output_node.args[0])
+    consts = fold_constants(gm)
+    g = GraphBuilder(consts, outputs)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            g.input(node)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node in consts or node.target is operator.getitem or node.target in QD8_PARTS:
+            continue
+        op = OPS.get(node.target)
+        if op is None:
+            raise ExportError(f"XnnpackBackend: cannot lower {node.target} ({node.name})")
+        g.debug_handle = node.meta.get("debug_handle") or NO_DEBUG_HANDLE
+        op.emit(node, g)
+    for n in outputs:  # a constant the subgraph also returns: copy it out
+        if n not in g.ids or n in consts and g.graph.values[g.ids[n]].flags == 0:
+            src = g.value(n)
+            del g.ids[n]
+            g.add("Copy", input_id=src, output_id=g.result(n))
+    return g.finish()

@@ -1,0 +1,186 @@
+"""LLM quantization (``export-llm --quantize``, docs/quantized-llm.md) on a tiny random Llama
+whose GGUF mixes Q4_1, Q4_0, Q8_0 (a tied embedding) and F16 weights, and ``execupy perplexity``.
+
+- ``gguf`` keeps the file's blocks: the rebuilt weights equal gguf-py's dequantization bit
+  for bit, and the program equals torch eager on the dequantized fp32 weights.
+- every mode: our runtime equals torch eager running the quantized model (the same
+  integer weights and per-token rounding) and ExecuTorch's runtime runs the same file
+  (its portable + quantized kernels) with the same logits.
+- perplexity through the CLI equals one computed here from eager's full-sequence logits.
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from execupy.llm.export import export_llm
+from execupy.llm.export.models import Transformer
+from execupy.llm.export.quantize import (QuantizationWarning, gguf_blocks, keep_gguf_weights, quantize_embedding,
+                                         quantize_linears)
+from execupy.llm.gguf_loader import GGUFFile
+from execupy.llm.loaders import load_checkpoint
+from execupy.runtime import Module
+from tests import reference
+from tests.llm import tiny
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_SEQ_LEN, MAX_PREFILL = 32, 8
+TOKENS = np.array([[1, 5, 9, 33, 2, 7, 60, 11, 4, 17]])  # 10 tokens: two prefill chunks
+Q = gguf.GGMLQuantizationType
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    w = tiny.random_llama_weights(seed=1, tied=True)
+    qtypes = {n: Q.Q4_1 for n in tiny._gguf_llama_tensors(w) if n.endswith("weight") and "norm" not in n}
+    qtypes.update({"token_embd.weight": Q.Q8_0, "blk.0.attn_q.weight": Q.Q4_0, "blk.1.attn_k.weight": Q.Q4_0,
+                   "blk.1.attn_q.weight": Q.F16})
+    return tiny.write_gguf(tmp_path_factory.mktemp("quant") / "tiny.gguf", "llama", w, qtypes=qtypes)
+
+
+def run_ours(pte: Path) -> np.ndarray:
+    """Prefill TOKENS in chunks of MAX_PREFILL: the last position's logits."""
+    forward = Module(str(pte)).method("forward")
+    for start in range(0, TOKENS.shape[1], MAX_PREFILL):
+        logits = forward.execute([TOKENS[:, start:start + MAX_PREFILL], np.array([start])])[0]
+    return np.asarray(logits).reshape(-1)
+
+
+def run_executorch(pte: Path) -> np.ndarray:
+    steps = [[TOKENS[:, s:s + MAX_PREFILL], np.array([s])] for s in range(0, TOKENS.shape[1], MAX_PREFILL)]
+    return reference.run_reference_steps(pte, steps, llama_ops=True)[-1][0].reshape(-1)
+
+
+def eager(model: Transformer) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(TOKENS), torch.tensor([0]))[0, -1].numpy()
+
+
+def cached_model(checkpoint) -> Transformer:
+    config, state = load_checkpoint(checkpoint)
+    return Transformer.from_state_dict(config, state, max_seq_len=MAX_SEQ_LEN, use_kv_cache=True,
+                                       last_logits_only=True, use_custom_ops=True)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+def test_kept_gguf_blocks_rebuild_the_files_values_bit_for_bit(tmp_path, kind):
+    values = np.random.default_rng(0).standard_normal((6, 128)).astype(np.float32)
+    path = tmp_path / "one.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", gguf.quants.quantize(values, Q[kind]), raw_dtype=Q[kind])
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    f = GGUFFile(path)
+    blocks = gguf_blocks(f, "w")
+    rebuilt = blocks.q.astype(np.float32) * blocks.scales[..., None]
+    if blocks.minimum is not None:
+        rebuilt = rebuilt + blocks.minimum[..., None]
+    assert np.array_equal(rebuilt.reshape(6, 128), f.dequantize("w"))
+    assert blocks.q.min() >= blocks.quant_min and blocks.q.max() <= blocks.quant_max
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("mode,embedding", [("gguf", None), ("int8", "8"), ("int4", "4,32"), ("8da4w", None),
+                                            ("8da8w", "4")])
+def test_every_mode_matches_eager_and_runs_in_executorch(tiny_gguf, tmp_path, mode, embedding):
+    if reason := reference.skip_reason():
+        pytest.skip(reason)
+    result = export_llm(tiny_gguf, tmp_path / f"{mode}.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL,
+                        quantize=mode, embedding_quantize=embedding)
+    model = cached_model(tiny_gguf)
+    if embedding:
+        bits, _, group = embedding.partition(",")
+        quantize_embedding(model, int(bits), int(group) if group else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QuantizationWarning)
+        model = keep_gguf_weights(model, tiny_gguf) if mode == "gguf" else quantize_linears(model, mode, 32)
+    want, ours, theirs = eager(model), run_ours(result.pte_path), run_executorch(result.pte_path)
+    scale = np.abs(want).max()
+    # 8da*: an activation on a rounding boundary may round the other way in one of the
+    # three (float64 scales, a different division order), one int8 step of one token.
+    tol = (2e-2 if mode.startswith("8da") else 1e-4) * scale
+    np.testing.assert_allclose(ours, want, rtol=0, atol=tol)
+    np.testing.assert_allclose(theirs, ours, rtol=0, atol=tol)
+    if mode == "gguf":  # the file's weight values: the fp32 model of the dequantized weights, up to summation order
+        np.testing.assert_allclose(ours, eager(cached_model(tiny_gguf)), rtol=0, atol=1e-4 * scale)
+
+
+def test_a_layer_whose_width_does_not_divide_into_groups_is_kept_int8_with_a_warning():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(8, 24))
+    x = torch.randn(3, 64)
+    with pytest.warns(QuantizationWarning, match=r"^1: 8 in-features are not a multiple of group size 32"):
+        quantize_linears(model, "int4", 32)
+    assert tuple(model[0].weight_form.q.shape) == (8 * 64 // 32, 32)  # grouped int4
+    assert tuple(model[1].weight_form.q.shape) == (24, 8)  # per-channel int8
+    assert model(x).shape == (3, 24)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "execupy", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_rejects_gguf_mode_without_a_gguf_and_a_bad_group_size(tmp_path):
+    done = _cli("export-llm", "--hf", str(tmp_path), "--quantize", "gguf", "-o", str(tmp_path / "m.pte"))
+    assert done.returncode != 0 and "needs a .gguf checkpoint" in done.stderr
+    done = _cli("export-llm", "--hf", str(tmp_path), "--quantize", "int4", "--group-size", "24",
+                "-o", str(tmp_path / "m.pte"))
+    assert done.returncode != 0 and "--group-size 24 must be a power of two" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_perplexity_equals_llama_cpp_style_count_from_eager_logits(tmp_path):
+    from execupy.llm.tokenizer import load_tokenizer
+    from tests.llm.test_export_runner import export_tiny
+
+    text = (REPO / "execupy/llm/data/us_constitution.txt").read_text()[:4000]
+    (tmp_path / "text.txt").write_text(text)
+    result, _ = export_tiny(tmp_path)  # a tiny random Llama with its own BPE tokenizer
+    done = _cli("perplexity", str(result.pte_path), "--text", str(tmp_path / "text.txt"), "--ctx", "16",
+                "--chunks", "3")
+    assert done.returncode == 0, done.stderr
+    ppl, count = re.search(r"PPL = ([0-9.]+) over (\d+) tokens", done.stdout).groups()
+
+    tokens = load_tokenizer(result.tokenizer_path).encode(text)
+    config, state = load_checkpoint(tmp_path / "hf")
+    full = Transformer.from_state_dict(config, state, max_seq_len=64, use_kv_cache=False)
+    nll, n = 0.0, 0
+    for w in range(3):  # windows of 16, the second half scored: logits after token j score token j + 1
+        window = torch.tensor([tokens[w * 16:(w + 1) * 16]])
+        with torch.no_grad():
+            logp = torch.log_softmax(full(window)[0].double(), dim=-1)
+        for j in range(8, 15):
+            nll -= float(logp[j, window[0, j + 1]])
+            n += 1
+    assert int(count) == n == 21
+    assert float(ppl) == pytest.approx(math.exp(nll / n), rel=1e-4)
+
+
+def test_a_gguf_type_not_kept_as_is_is_requantized_to_int8_groups_with_its_cost_said(tmp_path):
+    from types import SimpleNamespace
+
+    from execupy.llm.export.quantize import _gguf_form
+
+    values = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    path = tmp_path / "q5.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(values, Q.Q5_0), raw_dtype=Q.Q5_0)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    f = GGUFFile(path)
+    with pytest.warns(QuantizationWarning, match=r"blk.0.ffn_up.weight: GGUF type Q5_0 is stored as int8 groups "
+                                                 r"of 32 .* largest absolute change"):
+        form = _gguf_form(f, "blk.0.ffn_up.weight", "layers.0.feed_forward.w3.weight",
+                          SimpleNamespace(n_heads=1, n_kv_heads=1), permuted=False)
+    file_values = f.dequantize("blk.0.ffn_up.weight")
+    with torch.no_grad():
+        rebuilt = form().numpy()
+    step = np.abs(file_values).reshape(-1, 32).max(axis=1) / 127.5  # one int8 step per group
+    assert np.all(np.abs(rebuilt - file_values).reshape(-1, 32) <= step[:, None] * 0.501)  # half a step, and rounding

