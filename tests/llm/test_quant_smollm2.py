@@ -67,4 +67,4 @@ def test_8da4w_program_fuses_every_quantized_linear():
     plain, fused = Module(str(pte), fuse=False).method("forward"), Module(str(pte)).method("forward")
     bound = [f.name for f in plan_fusion(plain).fused.values()]
     assert bound.count("quantized_linear") == 30 * 7 + 1  # q k v o, gate up down per layer, and the head
-    assert fused.steps_per_call < 0.45 * fused.num_instructions
+    assert fused.steps_per_call < fused.num_instructions / 2  # 2 / 3 of them without the quantized linears
