@@ -717,9 +717,11 @@ PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (
 
 
 def _safe(g: Graph, aliases: dict[int, Alias], f: Fused, skip: frozenset) -> bool:
-    """The pattern's inputs still hold what they held when the pattern first read them."""
-    start = min(f.pcs)
+    """The pattern's inputs still hold what they held when the pattern first read them.
+    An input first read late (a quantized linear's activations, made after its weight is
+    dequantized) is checked from that read, not from the pattern's first pc."""
     for i in f.inputs:
+        start = min([pc for pc in g.users.get(i, []) if pc in f.pcs] or f.pcs)
         for t in _tensor_ids(g.method.plan, i):
             a = aliases.get(t)
             root, first = (a.root, min(a.first_pc, start)) if a else (t, start)

@@ -101,7 +101,8 @@ def test_every_mode_matches_eager_and_runs_in_executorch(tiny_gguf, tmp_path, mo
         quantize_embedding(model, int(bits), int(group) if group else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", QuantizationWarning)
-        model = keep_gguf_weights(model, tiny_gguf) if mode == "gguf" else quantize_linears(model, mode, 32)
+        model = (keep_gguf_weights(model, tiny_gguf) if mode == "gguf"
+                 else quantize_linears(model, mode, 32, checkpoint=tiny_gguf))
     want, ours, theirs = eager(model), run_ours(result.pte_path), run_executorch(result.pte_path)
     scale = np.abs(want).max()
     # 8da*: an activation on a rounding boundary may round the other way in one of the
@@ -111,6 +112,35 @@ def test_every_mode_matches_eager_and_runs_in_executorch(tiny_gguf, tmp_path, mo
     np.testing.assert_allclose(theirs, ours, rtol=0, atol=tol)
     if mode == "gguf":  # the file's weight values: the fp32 model of the dequantized weights, up to summation order
         np.testing.assert_allclose(ours, eager(cached_model(tiny_gguf)), rtol=0, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("mode", ["int4", "8da4w"])
+def test_4bit_modes_keep_the_files_q4_blocks_in_groups_of_32(tiny_gguf, mode):
+    model = cached_model(tiny_gguf)  # the file's weights, dequantized to fp32
+    want = {name: linear.weight.detach().clone() for name, linear in model.named_modules()
+            if isinstance(linear, torch.nn.Linear)}
+    lines = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QuantizationWarning)
+        quantize_linears(model, mode, 32, checkpoint=tiny_gguf, say=lines.append)
+    form = lambda name: model.get_submodule(name).weight_form  # noqa: E731
+    for name in ("layers.0.attention.wq", "layers.1.attention.wk", "layers.0.feed_forward.w1"):  # Q4_0, Q4_0, Q4_1
+        torch.testing.assert_close(form(name)(), want[name], rtol=0, atol=1e-6)  # the file's values, not re-rounded
+    assert form("layers.0.attention.wq").minimum is None and form("layers.0.feed_forward.w1").minimum is not None
+    # An F16 tensor (and the Q8_0 tied output) are quantized onto the symmetric grid as before.
+    assert form("layers.1.attention.wq").minimum is None
+    assert not torch.allclose(form("layers.1.attention.wq")(), want["layers.1.attention.wq"], rtol=0, atol=1e-6)
+    kept = len(want) - 2
+    assert lines == [f"{kept} of {len(want)} linears keep the GGUF file's 4-bit blocks"]
+
+
+def test_another_group_size_quantizes_the_gguf_weights_again(tiny_gguf):
+    model = cached_model(tiny_gguf)
+    w1 = model.layers[0].feed_forward.w1.weight.detach().clone()
+    lines = []
+    quantize_linears(model, "int4", 16, checkpoint=tiny_gguf, say=lines.append)
+    assert not torch.allclose(model.layers[0].feed_forward.w1.weight_form(), w1, rtol=0, atol=1e-6)
+    assert lines[0].startswith("0 of ")
 
 
 def test_a_layer_whose_width_does_not_divide_into_groups_is_kept_int8_with_a_warning():
@@ -177,8 +207,7 @@ def test_a_gguf_type_not_kept_as_is_is_requantized_to_int8_groups_with_its_cost_
     f = GGUFFile(path)
     with pytest.warns(QuantizationWarning, match=r"blk.0.ffn_up.weight: GGUF type Q5_0 is stored as int8 groups "
                                                  r"of 32 .* largest absolute change"):
-        form = _gguf_form(f, "blk.0.ffn_up.weight", "layers.0.feed_forward.w3.weight",
-                          SimpleNamespace(n_heads=1, n_kv_heads=1), permuted=False)
+        form = _gguf_form(f, "blk.0.ffn_up.weight", "layers.0.feed_forward.w3", SimpleNamespace(n_heads=1, n_kv_heads=1))
     file_values = f.dequantize("blk.0.ffn_up.weight")
     with torch.no_grad():
         rebuilt = form().numpy()

@@ -103,7 +103,7 @@ def export_llm(
     ``embedding_quantize`` ("8", "4" or "4,32") are ExecuTorch's quantization options; the
     graphs they write are those of docs/quantized-llm.md."""
     _check_dtype(dtype)  # before the (slow) load, not after
-    transforms = quant_transforms(quantize, group_size, embedding_quantize, dtype, checkpoint_path)
+    transforms = quant_transforms(quantize, group_size, embedding_quantize, dtype, checkpoint_path, progress)
     if backend not in BACKENDS:
         raise ExportError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     output_path = Path(output_path)
@@ -136,7 +136,8 @@ def backend_partitioners(backend: str) -> list:
 
 
 def quant_transforms(quantize: str | None, group_size: int | None, embedding_quantize: str | None, dtype: str,
-                     checkpoint_path: str | os.PathLike) -> list[Callable[[torch.nn.Module], torch.nn.Module]]:
+                     checkpoint_path: str | os.PathLike, say: Optional[Progress] = None
+                     ) -> list[Callable[[torch.nn.Module], torch.nn.Module]]:
     """The source transforms of the quantization options, checked before anything is loaded."""
     from execupy.llm.export.quantize import (check_mode, get_quant_embedding_transform,
                                              get_quant_weight_transform, parse_embedding_quantize)
@@ -148,7 +149,7 @@ def quant_transforms(quantize: str | None, group_size: int | None, embedding_qua
         raise ExportError("--group-size needs --quantize")
     if quantize is not None:
         check_mode(quantize, group_size, checkpoint_path)
-        transforms.append(get_quant_weight_transform(quantize, group_size, checkpoint_path))
+        transforms.append(get_quant_weight_transform(quantize, group_size, checkpoint_path, say))
     if embedding_quantize is not None:
         if quantize == "gguf":
             raise ExportError("--quantize gguf keeps the file's own embedding; --embedding-quantize does not apply")

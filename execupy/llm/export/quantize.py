@@ -150,12 +150,14 @@ _MODES = {
 
 
 def get_quant_weight_transform(mode: str, group_size: int | None = None,
-                               checkpoint: str | os.PathLike | None = None) -> Transform:
-    """The source transform for ``--quantize mode`` (``checkpoint``: the .gguf, for ``gguf``)."""
+                               checkpoint: str | os.PathLike | None = None,
+                               say: Callable[[str], None] | None = None) -> Transform:
+    """The source transform for ``--quantize mode``. ``checkpoint``: the .gguf, for ``gguf``, and
+    for int4 / 8da4w, which keep its 4-bit blocks (see quantize_linears); ``say`` gets an info line."""
     check_mode(mode, group_size, checkpoint)
     if mode == "gguf":
         return lambda model: keep_gguf_weights(model, checkpoint)
-    return lambda model: quantize_linears(model, mode, group_size or DEFAULT_GROUP_SIZE)
+    return lambda model: quantize_linears(model, mode, group_size or DEFAULT_GROUP_SIZE, checkpoint, say)
 
 
 def check_mode(mode: str, group_size: int | None, checkpoint: str | os.PathLike | None = None) -> None:
@@ -170,12 +172,24 @@ def check_mode(mode: str, group_size: int | None, checkpoint: str | os.PathLike 
             raise ExportError("--quantize gguf keeps the file's blocks of 32; --group-size does not apply")
 
 
-def quantize_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> nn.Module:
-    """Swap every ``nn.Linear`` for a QuantizedLinear of ``mode`` (in place; returns model)."""
+def quantize_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE,
+                     checkpoint: str | os.PathLike | None = None,
+                     say: Callable[[str], None] | None = None) -> nn.Module:
+    """Swap every ``nn.Linear`` for a QuantizedLinear of ``mode`` (in place; returns model).
+
+    4-bit groups of 32 from a GGUF ``checkpoint`` whose tensor is already Q4_0 / Q4_1 keep the
+    file's own 4-bit values and scales (minimums): rounding 4-bit values a second time onto a
+    symmetric grid that does not line up with theirs about doubles SmolLM2's perplexity."""
     spec = _MODES[mode]
+    kept = gguf_4bit_forms(model, checkpoint) if spec.grouped and group_size == GGUF_GROUP else {}
+    if say is not None and checkpoint is not None and os.fspath(checkpoint).endswith(".gguf"):
+        say(f"{len(kept)} of {len(list(_linears(model)))} linears keep the GGUF file's 4-bit blocks"
+            + ("" if spec.grouped and group_size == GGUF_GROUP else f" (only int4/8da4w with --group-size {GGUF_GROUP} can)"))
     for name, parent, attr, linear in _linears(model):
         k = linear.in_features
-        if spec.grouped and k % group_size == 0:
+        if name in kept:
+            form = kept[name]
+        elif spec.grouped and k % group_size == 0:
             form = grouped(linear.weight, spec.weight_bits, group_size)
         else:
             if spec.grouped:
@@ -374,45 +388,87 @@ class GroupedTableEmbedding(nn.Module):
         return self.table.rows(index).reshape(*tokens.shape, self.dim)
 
 
-def keep_gguf_weights(model: nn.Module, checkpoint: str | os.PathLike) -> nn.Module:
-    """Every linear (and the token embedding) of a model loaded from ``checkpoint`` takes the
-    GGUF's own blocks: Q8_0/Q4_0/Q4_1 exactly, F16/BF16 as half, F32 as is, others re-quantized."""
-    from execupy.llm.gguf_loader import GGUFFile, _canonical_name, _GPT2_BLOCK, _LLAMA_BLOCK, _PERMUTED_QK_ARCHS
+def _gguf_module_tensors(f) -> dict[str, str]:
+    """The file's 2-D weights by module name (``layers.3.attention.wq`` -> its GGUF tensor name)."""
+    from execupy.llm.gguf_loader import _canonical_name, _LLAMA_BLOCK
 
-    f = GGUFFile(checkpoint)
-    arch = f.metadata["general.architecture"]
-    if arch == "gpt2":
-        raise ExportError("--quantize gguf: GPT-2 GGUFs (a fused qkv tensor) are not supported; use --quantize int8")
-    block_map = _LLAMA_BLOCK
-    config = model.config
-    forms: dict[str, nn.Module] = {}
+    modules: dict[str, str] = {}
+    if f.metadata["general.architecture"] == "gpt2":
+        return modules  # a fused qkv tensor: no block maps onto one linear
     for gguf_name in f.tensors:
-        name = _canonical_name(gguf_name, block_map)
-        if name is None or not name.endswith(".weight") or len(f.tensors[gguf_name].shape) != 2:
-            continue
-        forms[name[: -len(".weight")]] = _gguf_form(f, gguf_name, name, config, arch in _PERMUTED_QK_ARCHS)
+        name = _canonical_name(gguf_name, _LLAMA_BLOCK)
+        if name is not None and name.endswith(".weight") and len(f.tensors[gguf_name].shape) == 2:
+            modules[name[: -len(".weight")]] = gguf_name
+    return modules
+
+
+def _linear_sources(model: nn.Module, forms: dict[str, nn.Module]):
+    """(name, parent, attr, linear, form) for each linear with a form; a tied output reads the embedding's."""
     for name, parent, attr, linear in _linears(model):
         source = "tok_embeddings" if name == "output" and "output" not in forms else name
         if source in forms:
-            bias = None if linear.bias is None else linear.bias.detach()
-            setattr(parent, attr, QuantizedLinear(forms[source], bias))
+            yield name, parent, attr, linear, forms[source]
+
+
+def keep_gguf_weights(model: nn.Module, checkpoint: str | os.PathLike) -> nn.Module:
+    """Every linear (and the token embedding) of a model loaded from ``checkpoint`` takes the
+    GGUF's own blocks: Q8_0/Q4_0/Q4_1 exactly, F16/BF16 as half, F32 as is, others re-quantized."""
+    from execupy.llm.gguf_loader import GGUFFile
+
+    f = GGUFFile(checkpoint)
+    if f.metadata["general.architecture"] == "gpt2":
+        raise ExportError("--quantize gguf: GPT-2 GGUFs (a fused qkv tensor) are not supported; use --quantize int8")
+    forms = {module: _gguf_form(f, gguf_name, module, model.config)
+             for module, gguf_name in _gguf_module_tensors(f).items()}
+    for _, parent, attr, linear, form in _linear_sources(model, forms):
+        bias = None if linear.bias is None else linear.bias.detach()
+        setattr(parent, attr, QuantizedLinear(form, bias))
     emb = forms.get("tok_embeddings")
     if isinstance(emb, DequantizedWeight) and emb.q.dim() == 2 and emb.q.shape[1] == GGUF_GROUP:
         model.tok_embeddings = GroupedTableEmbedding(emb)  # the same buffers as a tied output
     return model
 
 
-def _gguf_form(f, gguf_name: str, name: str, config, permuted: bool) -> nn.Module:
-    kind = f.tensor_type(gguf_name)
-    module = name[: -len(".weight")]  # layers.3.attention.wq
-    heads = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}.get(module.split(".", 2)[-1])
+def gguf_4bit_forms(model: nn.Module, checkpoint: str | os.PathLike | None) -> dict[str, DequantizedWeight]:
+    """Linear name -> the file's own Q4_0 / Q4_1 blocks, for the linears of ``model`` whose GGUF
+    tensor is one (Q4_0 is symmetric int4 with q - 8; Q4_1 the grouped form with a minimum).
+    Empty for a checkpoint that is not a .gguf."""
+    if checkpoint is None or not os.fspath(checkpoint).endswith(".gguf"):
+        return {}
+    from execupy.llm.gguf_loader import GGUFFile
+
+    f = GGUFFile(checkpoint)
+    modules = _gguf_module_tensors(f)
+    forms = {module: _blocks_weight(_gguf_blocks_in_model_order(f, gguf_name, module, model.config))
+             for module, gguf_name in modules.items() if f.tensor_type(gguf_name) in ("Q4_0", "Q4_1")}
+    return {name: form for name, _, _, _, form in _linear_sources(model, forms)}
+
+
+def _gguf_blocks_in_model_order(f, gguf_name: str, module: str, config) -> Optional[GGUFBlocks]:
+    """gguf_blocks with llama.cpp's interleaved q/k rows put back in the model's order."""
     blocks = gguf_blocks(f, gguf_name)
+    heads = _permuted_heads(f, module, config)
+    return _permute_rows(blocks, heads) if blocks is not None and heads else blocks
+
+
+def _permuted_heads(f, module: str, config) -> Optional[int]:
+    """The head count of a q/k projection whose rows the file interleaves, else None."""
+    from execupy.llm.gguf_loader import _PERMUTED_QK_ARCHS
+
+    if f.metadata["general.architecture"] not in _PERMUTED_QK_ARCHS:
+        return None
+    return {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}.get(module.split(".", 2)[-1])
+
+
+def _gguf_form(f, gguf_name: str, module: str, config) -> nn.Module:
+    kind = f.tensor_type(gguf_name)
+    blocks = _gguf_blocks_in_model_order(f, gguf_name, module, config)
     if blocks is not None:
-        return _blocks_weight(_permute_rows(blocks, heads) if permuted and heads else blocks)
+        return _blocks_weight(blocks)
     from execupy.llm.config import interleaved_to_half
 
     w = f.dequantize(gguf_name)
-    if permuted and heads:
+    if heads := _permuted_heads(f, module, config):
         w = interleaved_to_half(w, heads)
     if kind in ("F16", "BF16"):
         return HalfWeight(torch.from_numpy(w).to(torch.float16 if kind == "F16" else torch.bfloat16))
