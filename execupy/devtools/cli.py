@@ -11,6 +11,7 @@ beyond the tolerance, then the worst ones. Only `debug` needs torch, and only wh
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -99,14 +100,19 @@ def _add_debug(sub) -> None:
     p.set_defaults(func=cmd_debug)
 
 
+def _torch_installed() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a module entry set to None
+        return False
+
+
 def cmd_debug(args: argparse.Namespace) -> int:
     from .inspector import Inspector, format_gaps
 
-    try:
-        import torch  # noqa: F401  (the eager side of the comparison)
-    except ImportError:
+    if not _torch_installed():  # the eager side (devtools/aot) imports it; this module must not
         raise InvalidInputError("execupy debug runs the ETRecord's graph in torch eager; install torch "
-                                "(pip install 'execupy[export]')") from None
+                                "(pip install 'execupy[export]')")
     args.random_inputs = args.random_inputs or not args.inputs
     inputs, tracer, name = _traced_run(args, log_intermediate_outputs=True, repeat=1)
     gaps = Inspector.from_tracer(tracer, args.etrecord, method=name).calculate_numeric_gap(inputs=inputs)
