@@ -450,7 +450,7 @@ _IGNORE_MERGES = ("llama3",)
 
 def gguf_bpe_tokenizer(meta: dict[str, Any]) -> HFTokenizer:
     """Rebuild a GGUF's gpt2-style byte-level BPE vocabulary as a `tokenizers` BPE."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, decoders, models
     from tokenizers import Tokenizer as _Tok
 
     tokens, types, _ = gguf_vocab(meta)
@@ -468,15 +468,28 @@ def gguf_bpe_tokenizer(meta: dict[str, Any]) -> HFTokenizer:
     template = _gguf_meta(meta, "tokenizer.chat_template", str, None)
     with _library_errors("tokenizers"):
         tok = _Tok(models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES))
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_REGEXES[pre]]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
+        tok.pre_tokenizer = _gguf_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
         # Control (and unknown) tokens are parsed only with allow_special; user-defined ones always.
         tok.add_tokens([AddedToken(tokens[i], special=t in (CONTROL, UNKNOWN), normalized=False)
                         for i, t in enumerate(types) if t in (CONTROL, UNKNOWN, USER_DEFINED)])
         return HFTokenizer(tok, bos_id, eos_ids, add_bos, template, byte_level=True)
+
+
+def _gguf_pre_tokenizer(pre: str) -> Any:
+    """The pre-tokenizer for a GGUF pre-tokenizer kind, in the form HF's own tokenizer.json files
+    use where one exists (gpt2: ByteLevel with its regex; starcoder/smollm: Digits + ByteLevel).
+    Other C++ readers of the saved file understand those forms: ExecuTorch's HF tokenizer keeps
+    only the matches of a lone ``Split(\\p{N}, isolated)`` and would drop every non-digit."""
+    from tokenizers import Regex, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre in ("gpt2", "starcoder"))
+    if pre == "gpt2":
+        return byte_level
+    if pre == "starcoder":
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_REGEXES[pre]] + [byte_level])
 
 
 def _gguf_merges(merges: list, vocab: dict[str, int]) -> list[tuple[str, str]]:

@@ -86,3 +86,29 @@ def test_greedy_tokens_match_independent_reference(smollm2):
     ref_tokens = reference[len(prompt) - 1:].argmax(-1).tolist()
     assert ref_tokens == generated
     np.testing.assert_allclose(ours, reference, rtol=1e-3, atol=2e-3 * np.abs(reference).max())
+
+
+def test_saved_tokenizer_encodes_the_same_in_executorchs_hf_tokenizer(tmp_path):
+    """The tokenizer.json export-llm writes next to a SmolLM2 program is read by ExecuTorch's own
+    C++ HF tokenizer (its TextLLMRunner's), which must split text as we do: with the pre-tokenizer
+    written as a lone digit Split it kept only the digits and the runner saw an empty prompt."""
+    import json
+    import subprocess
+
+    from tests import reference
+
+    if reference.skip_reason():
+        pytest.skip(reference.skip_reason())
+    ours = load_tokenizer(GGUF_PATH)
+    ours.save(tmp_path / "tokenizer.json")
+    texts = ["The capital of France is", "In 1776, 13 colonies said: \"We're free!\"\n\n  Done.",
+             "naïve café — 東京 2024 ☃", "<|im_start|>user\nhi<|im_end|>"]
+    script = ("import json, sys\nfrom pytorch_tokenizers.pytorch_tokenizers_cpp import HFTokenizer\n"
+              "t = HFTokenizer(); t.load(sys.argv[1])\n"
+              "print(json.dumps([t.encode(s, 0, 0) for s in json.loads(sys.argv[2])]))\n")
+    done = subprocess.run([str(reference.reference_python()), "-c", script, str(tmp_path / "tokenizer.json"),
+                           json.dumps(texts)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for text, ids in zip(texts, theirs):
+        assert ids == ours.encode(text, bos=False, allow_special=True), text
