@@ -52,6 +52,19 @@ def quantize_per_token_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return q, scale.reshape(-1), zero.reshape(-1)
 
 
+def fake_quantize_per_token_numpy(x: np.ndarray) -> np.ndarray:
+    """x through 8da4w's dynamic int8 activations, float32 [M, K] -> float32 [M, K]: the
+    registered choose_qparams_per_token_asymmetric / quantize_per_token / dequantize_per_token
+    kernels in a row, with the float64 scales and int64 zero points the exported graph uses."""
+    from ..quantized.quant import choose_qparams_per_token_asymmetric, dequantize_per_token, quantize_per_token
+
+    x = np.asarray(x, np.float32)
+    scale, zero = np.empty((x.shape[0], 1), np.float64), np.empty((x.shape[0], 1), np.int64)
+    choose_qparams_per_token_asymmetric(x, 1, scale, zero)
+    q = quantize_per_token(x, scale, zero, -128, 127, 1, np.empty(x.shape, np.int8))
+    return dequantize_per_token(q, scale, zero, -128, 127, 1, 6, np.empty(x.shape, np.float32))
+
+
 def embedding_numpy(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
                     ids: np.ndarray) -> np.ndarray:
     """Rows `ids` of the dequantized table, float32."""
@@ -118,6 +131,7 @@ def qlinear_numpy(x: np.ndarray, w: PackedWeight) -> np.ndarray:
 
 
 NUMPY: dict[str, Callable] = {"qmatmul": qmatmul_numpy, "quantize_per_token": quantize_per_token_numpy,
+                              "fake_quantize_per_token": fake_quantize_per_token_numpy,
                               "embedding": embedding_numpy, "qlinear": qlinear_numpy}
 
 # ---------------------------------------------------------------------------- numba
@@ -200,6 +214,31 @@ def _compile() -> Optional[dict[str, Callable]]:
         return q, scale, zero
 
     @numba.njit(cache=True)
+    def _fake_quantize_per_token(x, out):
+        # Step for step the numpy kernels' arithmetic: range and scale in float32, then the
+        # quantize and dequantize in float64 (the graph's scales are float64), no fastmath.
+        m, k = x.shape
+        eps = np.float32(np.finfo(np.float32).eps)
+        for r in range(m):
+            lo = np.float32(0)
+            hi = np.float32(0)
+            for c in range(k):
+                lo = min(lo, x[r, c])
+                hi = max(hi, x[r, c])
+            s = max(np.float32((hi - lo) / np.float32(255)), eps)
+            dmin, dmax = np.float32(lo / s), np.float32(hi / s)
+            if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
+                z = np.float32(-128) - dmin
+            else:
+                z = np.float32(127) - dmax
+            z64 = np.float64(np.round(min(max(z, np.float32(-128)), np.float32(127))))
+            s64 = np.float64(s)
+            inv = 1.0 / s64
+            for c in range(k):
+                v = min(max(np.round(np.float64(x[r, c]) * inv + z64), -128.0), 127.0)
+                out[r, c] = np.float32((v - z64) * s64)
+
+    @numba.njit(cache=True)
     def _embedding(q, scales, zeros, group_size, rows):
         d = q.shape[1]
         out = np.empty((rows.shape[0], d), np.float32)
@@ -234,6 +273,12 @@ def _compile() -> Optional[dict[str, Callable]]:
     def quantize_per_token(x):
         return _quantize_per_token(np.ascontiguousarray(x, np.float32))
 
+    def fake_quantize_per_token(x):
+        x = np.ascontiguousarray(x, np.float32)
+        out = np.empty(x.shape, np.float32)
+        _fake_quantize_per_token(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
+        return out
+
     def embedding(q, scales, zeros, group_size, ids):
         n = q.shape[0]
         s = scales.reshape(n, -1).astype(np.float32)
@@ -241,6 +286,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         return _embedding(q, s, z, group_size, np.asarray(ids, np.int64).reshape(-1))
 
     return {"qmatmul": qmatmul, "quantize_per_token": quantize_per_token, "embedding": embedding,
+            "fake_quantize_per_token": fake_quantize_per_token,
             "qlinear": qlinear}
 
 
@@ -250,5 +296,6 @@ _ACTIVE = NUMBA or NUMPY
 
 qmatmul: Callable = _ACTIVE["qmatmul"]
 quantize_per_token: Callable = _ACTIVE["quantize_per_token"]
+fake_quantize_per_token: Callable = _ACTIVE["fake_quantize_per_token"]
 embedding: Callable = _ACTIVE["embedding"]
 qlinear: Callable = _ACTIVE["qlinear"]
