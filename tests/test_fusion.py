@@ -224,3 +224,21 @@ def test_per_token_activation_quantization_is_one_fused_step_bit_equal(backend, 
     a, b = fused.execute([x])[0], plain.execute([x])[0]
     assert np.array_equal(a, b)
     assert np.abs(a - 2 * x).max() <= 2 * (2 * np.abs(x).max() / 255)  # within a quantization step of x
+
+
+def test_a_packed_weights_file_pages_are_released_and_still_read_back(tmp_path):
+    """After the quantized linear packs its weight, the file pages of the original constant
+    leave resident memory (madvise); the unfused method reading the same constant still gets
+    the file's values, and a program loaded from bytes is left alone."""
+    path = tmp_path / "qlinear.pte"
+    path.write_bytes(quantized_linear_program(256, 512, 32, 4, True))  # a 128 KiB weight: 32 pages
+    x = np.random.default_rng(3).standard_normal((1, 3, 512)).astype(np.float32)
+    expected = Program.load(path.read_bytes()).load_method("forward", fuse=False).execute([x])[0]
+    program = Program.load(path)
+    fused = program.load_method("forward", fuse=True)  # packs the weight, releases its pages
+    assert "fused:quantized_linear" in fused._op_names
+    assert np.array_equal(program.load_method("forward", fuse=False).execute([x])[0], expected)
+    from_bytes = Program.load(path.read_bytes())
+    from_bytes.release_pages(np.zeros(8192, np.uint8))  # not in any mapping: nothing happens
+    got = from_bytes.load_method("forward", fuse=True).execute([x])[0]
+    assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max() + 1e-6)

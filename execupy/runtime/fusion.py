@@ -744,6 +744,7 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
     values = method.values
     packed = pack(values[q].reshape(n, k), values[scales], None, group,
                   None if mins is None else values[mins])
+    method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
     get_rows, store = _get(method, rows), method._store_fn(out)
 
     def quantized_linear_step():
