@@ -80,3 +80,22 @@ def test_embedding_gathers_dequantized_rows(bits, with_zeros):
     assert np.array_equal(Q.embedding_numpy(q, s, z, 32, ids), expected)
     if Q.NUMBA is not None:
         assert np.array_equal(Q.NUMBA["embedding"](q, s, z, 32, ids), expected)
+
+
+@pytest.mark.parametrize("values,nibbles", [((-8, 7), True), ((0, 15), True), ((-9, 7), False), ((0, 16), False)])
+@pytest.mark.parametrize("m", [1, 6])
+def test_4bit_weights_pack_two_to_a_byte_and_compute_the_same(values, nibbles, m):
+    """int4 (Q4_0-like, -8..7) and uint4 (Q4_1-like, 0..15 with a minimum) weights are stored
+    two rows to a byte; anything wider stays one per byte. Either way qlinear is x @ w.T."""
+    rng = np.random.default_rng(m)
+    q = rng.integers(values[0], values[1] + 1, (70, 128)).astype(np.int8)
+    scales = (rng.random((70, 4)) * 0.05 + 1e-3).astype(np.float32)
+    mins = (rng.random((70, 4)) * -0.1).astype(np.float32)
+    packed = Q.pack(q, scales, None, 32, mins)
+    assert packed.nibbles is nibbles and packed.shape == (70, 128)
+    x = rng.standard_normal((m, 128)).astype(np.float32)
+    w = (q.reshape(70, 4, 32) * scales[:, :, None] + mins[:, :, None]).reshape(70, 128)
+    expected = x @ w.T
+    for impl in [Q.NUMPY] + ([Q.NUMBA] if Q.NUMBA is not None else []):
+        got = impl["qlinear"](x, packed)
+        assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max(axis=1, keepdims=True) + 1e-6)

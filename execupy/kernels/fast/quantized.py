@@ -95,33 +95,55 @@ class PackedWeight:
 
     Stored input-major (the transpose of the [N, K] weight): a decode step walks the K rows of
     `qt` once, and every output's running sum advances in the same SIMD lane, so no horizontal
-    sums and no per-group reductions."""
+    sums and no per-group reductions. 4-bit weights go two rows to a byte (`nibbles`): decode
+    reads every weight byte once per token, so half the bytes is close to half the time."""
 
-    qt: np.ndarray  # int8 [K, N], contiguous
+    qt: np.ndarray  # int8 [K, N]; with nibbles uint8 [K/2, N]: row 2i in the low half, 2i+1 in the high
     scales: np.ndarray  # float32 [K / group_size, N]
-    offsets: np.ndarray  # float32 [K / group_size, N]: min - zero * scale
+    offsets: np.ndarray  # float32 [K / group_size, N]: min - zero * scale (- shift * scale for nibbles)
     group_size: int
+    k: int
+    nibbles: bool
 
     @property
     def shape(self) -> tuple[int, int]:
         """(N, K), the shape of the weight it stands for."""
-        return self.qt.shape[1], self.qt.shape[0]
+        return self.qt.shape[1], self.k
 
 
 def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
          mins: Optional[np.ndarray] = None) -> PackedWeight:
     n = q.shape[0]
+    q = q.reshape(n, -1)
+    k = q.shape[1]
     s = np.ascontiguousarray(scales.reshape(n, -1), np.float32)
     offsets = group_offsets(s, zeros, mins)
-    return PackedWeight(np.ascontiguousarray(q.reshape(n, -1).T), np.ascontiguousarray(s.T),
-                        np.ascontiguousarray(offsets.T), group_size)
+    lo, hi = (int(q.min()), int(q.max())) if q.size else (0, 0)
+    shift = 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None  # int4 or uint4 values
+    if shift is None or group_size % 4:
+        return PackedWeight(np.ascontiguousarray(q.T), np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T),
+                            group_size, k, False)
+    u = (q.T + np.int8(shift)).view(np.uint8)  # [K, N], values 0..15
+    packed = u[0::2] | (u[1::2] << np.uint8(4))
+    return PackedWeight(np.ascontiguousarray(packed), np.ascontiguousarray(s.T),
+                        np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, True)
+
+
+def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
+    """The stored integers of columns j0..j1, [K, j1 - j0]."""
+    if not w.nibbles:
+        return w.qt[:, j0:j1]
+    rows = np.empty((w.k, j1 - j0), np.uint8)
+    rows[0::2], rows[1::2] = w.qt[:, j0:j1] & np.uint8(15), w.qt[:, j0:j1] >> np.uint8(4)
+    return rows
 
 
 def dequantize_columns(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
     """float32 [K, j1 - j0]: columns j0..j1 of the dequantized transposed weight (numpy)."""
-    k, cols = w.qt.shape[0], j1 - j0
-    groups = w.qt[:, j0:j1].reshape(-1, w.group_size, cols) * w.scales[:, None, j0:j1] + w.offsets[:, None, j0:j1]
-    return groups.reshape(k, cols)
+    cols = j1 - j0
+    groups = (_integer_rows(w, j0, j1).reshape(-1, w.group_size, cols) * w.scales[:, None, j0:j1]
+              + w.offsets[:, None, j0:j1])
+    return groups.reshape(w.k, cols)
 
 
 def qlinear_numpy(x: np.ndarray, w: PackedWeight) -> np.ndarray:
@@ -172,10 +194,37 @@ def _compile() -> Optional[dict[str, Callable]]:
                 total[j] += acc[j] * sg[j] + og[j] * xs
         out[:] = total
 
+    @numba.njit(cache=True, fastmath=True)
+    def _matvec_nibbles(x, xsum, qt, scales, offsets, group_size, out):
+        # _matvec on two rows per byte: low half row 2i, high half row 2i + 1 (group_size % 4 == 0).
+        n = qt.shape[1]
+        total = np.zeros(n, np.float32)
+        acc = np.empty(n, np.float32)
+        # The nibbles stay uint8 (explicit casts): numba would widen `byte >> 4` to int64,
+        # and the loop would run at half the speed of the int8 layout instead of twice.
+        low, four = np.uint8(15), np.uint8(4)
+        for g in range(qt.shape[0] * 2 // group_size):
+            acc[:] = 0
+            for b in range(g * group_size // 2, (g + 1) * group_size // 2, 2):
+                c = 2 * b
+                x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
+                r0, r1 = qt[b], qt[b + 1]
+                for j in range(n):
+                    v0, v1 = r0[j], r1[j]
+                    acc[j] += (x0 * np.float32(np.uint8(v0 & low)) + x1 * np.float32(np.uint8(v0 >> four))
+                               + x2 * np.float32(np.uint8(v1 & low)) + x3 * np.float32(np.uint8(v1 >> four)))
+            xs, sg, og = xsum[g], scales[g], offsets[g]
+            for j in range(n):
+                total[j] += acc[j] * sg[j] + og[j] * xs
+        out[:] = total
+
     @numba.njit(cache=True)
-    def _matvec_rows(x, xsum, qt, scales, offsets, group_size, out):
+    def _matvec_rows(x, xsum, qt, scales, offsets, group_size, nibbles, out):
         for r in range(x.shape[0]):
-            _matvec(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
+            if nibbles:
+                _matvec_nibbles(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
+            else:
+                _matvec(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
 
     @numba.njit(cache=True, fastmath=True)
     def _dequantize_columns(qt, scales, offsets, group_size, j0, j1, dst):
@@ -184,6 +233,17 @@ def _compile() -> Optional[dict[str, Callable]]:
             q, sg, og, row = qt[c, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[c]
             for j in range(j1 - j0):
                 row[j] = np.float32(q[j]) * sg[j] + og[j]
+
+    @numba.njit(cache=True, fastmath=True)
+    def _dequantize_nibble_columns(qt, scales, offsets, group_size, j0, j1, dst):
+        low, four = np.uint8(15), np.uint8(4)
+        for b in range(qt.shape[0]):
+            g = 2 * b // group_size  # rows 2b and 2b + 1 share a group (group_size is even)
+            q, sg, og, even, odd = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[2 * b], dst[2 * b + 1]
+            for j in range(j1 - j0):
+                v = q[j]
+                even[j] = np.float32(np.uint8(v & low)) * sg[j] + og[j]
+                odd[j] = np.float32(np.uint8(v >> four)) * sg[j] + og[j]
 
     @numba.njit(cache=True)
     def _quantize_per_token(x):
@@ -255,7 +315,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers (a second thread's wake-up costs more)
             out = np.empty((m, n), np.float32)
             xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
-            _matvec_rows(x, xsum, w.qt, w.scales, w.offsets, w.group_size, out)
+            _matvec_rows(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
             return out
         # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
         out = np.empty((m, n), np.float32)
@@ -263,7 +323,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         for j0 in range(0, n, BLAS_SLICE_COLUMNS):
             j1 = min(n, j0 + BLAS_SLICE_COLUMNS)
             part = scratch[:, : j1 - j0]
-            _dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, j0, j1, part)
+            dequantize = _dequantize_nibble_columns if w.nibbles else _dequantize_columns
+            dequantize(w.qt, w.scales, w.offsets, w.group_size, j0, j1, part)
             out[:, j0:j1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
         return out
 
