@@ -398,18 +398,24 @@ class Row:
         return statistics.median(getattr(r, attr) for r in self.runs)
 
 
-def measure(bench: Bench, engines: list[Engine], repeat: int) -> list[Row]:
-    """Round robin: every engine once per round; an engine that is not available drops out."""
+def measure(bench: Bench, engines: list[Engine], repeat: int, warmup: int = 1) -> list[Row]:
+    """Round robin: every engine once per round; an engine that is not available drops out.
+    The first `warmup` rounds are not counted: they export the programs and fill numba's
+    on-disk kernel cache and the page cache, once per machine for a user, not once per run."""
     rows = [Row(e) for e in engines]
-    for round_ in range(repeat):
+    for round_ in range(warmup + repeat):
         for row in rows:
             if row.missing:
                 continue
-            print(f"[{round_ + 1}/{repeat}] {row.engine.name}", file=sys.stderr, flush=True)
+            label = "warm-up" if round_ < warmup else f"{round_ - warmup + 1}/{repeat}"
+            print(f"[{label}] {row.engine.name}", file=sys.stderr, flush=True)
             try:
-                row.runs.append(row.engine.run(bench))
+                run = row.engine.run(bench)
             except NotAvailable as e:
                 row.missing = str(e)
+                continue
+            if round_ >= warmup:
+                row.runs.append(run)
     return rows
 
 
@@ -477,6 +483,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-words", type=int, default=100, help="approximate prompt length in words")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of all engines; figures are medians")
+    ap.add_argument("--warmup", type=int, default=1, help="uncounted rounds first (exports, kernel and page caches)")
     ap.add_argument("--threads", type=int, default=2, help="threads for torch and llama.cpp (numpy's BLAS uses its own)")
     ap.add_argument("--only", action="append", metavar="TEXT", help="only engines whose name contains TEXT")
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache/execupy/bench")
@@ -496,9 +503,10 @@ def main() -> int:
     engines = [e for e in ENGINES if not args.only or any(t in e.name for t in args.only)]
 
     load_before = os.getloadavg()[0]
-    rows = measure(bench, engines, args.repeat)
+    rows = measure(bench, engines, args.repeat, args.warmup)
     title = (f"SmolLM2-135M-Instruct, prompt {len(tokens)} tokens, {args.new_tokens} new, greedy; median of "
-             f"{args.repeat}; {os.cpu_count()} cores, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
+             f"{args.repeat} after {args.warmup} warm-up; {os.cpu_count()} cores, "
+             f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print(title)
     print("\n".join(table(rows, args.new_tokens)))
     for note in dict.fromkeys(bench.notes):
