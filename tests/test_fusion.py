@@ -242,3 +242,27 @@ def test_a_packed_weights_file_pages_are_released_and_still_read_back(tmp_path):
     from_bytes.release_pages(np.zeros(8192, np.uint8))  # not in any mapping: nothing happens
     got = from_bytes.load_method("forward", fuse=True).execute([x])[0]
     assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max() + 1e-6)
+
+
+@pytest.mark.parametrize("quantize", ["8da4w", "int4", "int8"])
+def test_fused_quantized_tiny_llm_agrees_with_unfused(quantize, tmp_path):
+    """export-llm's quantized programs: every quantized linear (and 8da4w's dynamic activations)
+    is one compiled step, and prefill and decode logits agree with the unfused program within
+    float32 rounding of the sums (8da4w: a sum that lands on an int8 rounding boundary may move
+    one activation by one step downstream, so the bound is looser there), same next tokens."""
+    pytest.importorskip("torch")
+    from execupy.llm.export import export_llm
+
+    from .llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
+
+    folder = _write_tiny_model(tmp_path / "hf")
+    result = export_llm(folder, tmp_path / "tiny.pte", max_seq_len=MAX_SEQ_LEN, max_prefill_len=MAX_PREFILL,
+                        quantize=quantize, group_size=32 if quantize != "int8" else None)
+    _, (fused, plain), (a, b) = generate_both(result.pte_path, [1, 5, 17, 42, 7], steps=4)
+    assert fused._op_names.count("fused:quantized_linear") >= 7 and "aten::mm.out" not in fused._op_names
+    if quantize == "8da4w":
+        assert "fused:fake_quantize_per_token" in fused._op_names
+    bound = 1e-3 if quantize == "8da4w" else 2e-5  # seen: 5e-7 and 2e-6
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert np.abs(x - y).max() <= bound * np.abs(y).max(), f"call {k}: max |diff| {np.abs(x - y).max()}"
+        assert x.reshape(-1, x.shape[-1])[-1].argmax() == y.reshape(-1, y.shape[-1])[-1].argmax()
