@@ -54,6 +54,7 @@ import numpy as np
 from ..kernels.portable._util import norm_dim
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
 from ..schema import program as P
+from .chains import bind_chain, find_chains
 
 
 def fusion_enabled() -> bool:
@@ -789,6 +790,11 @@ def plan_fusion(method) -> Optional[FusionPlan]:
                 del patterns[a]
             else:
                 patterns[a] = patterns[a].fallback
+    for run in find_chains(g, removed | set(patterns), aliases):  # rule 3, on what is left
+        anchor = run[-1].pc
+        patterns[anchor] = Fused("elementwise", frozenset(op.pc for op in run), anchor, (), run[-1].out,
+                                 lambda method, run=run: bind_chain(method, run))
+        removed |= {op.pc for op in run[:-1]}
     if not aliases and not patterns:
         return None
     return FusionPlan(aliases, removed, patterns)
