@@ -34,7 +34,12 @@ it takes. The rule (docs/fusion.md says the same for users):
    portable kernels it replaces, so results are bit-identical, except the quantized
    linear, which accumulates in a different order (equal within float32 rounding,
    relative 1e-5 of the row's magnitude).
-3. Only float32 patterns fuse; a method with jumps (control flow) is not fused, nor one
+3. **Runs of element-wise ops are one step** (`execupy/runtime/chains.py`): consecutive
+   float32 add/sub/mul/div/neg/relu/sqrt/exp/tanh/sigmoid instructions that no rule above
+   took become one generated function, numba loops for exactly rounded stretches
+   (`execupy.kernels.fast.elementwise`), numpy calls into the planned tensors elsewhere.
+   Bit-identical; nothing moves past another instruction.
+4. Only float32 patterns fuse; a method with jumps (control flow) is not fused, nor one
    loaded with an EventTracer (tracing needs one step per instruction, so devtools sees
    the program's own instructions), nor any method when `EXECUPY_FUSION=0`
    (`Program.load_method(..., fuse=False)` does the same for one method).
