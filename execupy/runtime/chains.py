@@ -19,6 +19,7 @@ Why it is exact and safe:
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -39,8 +40,9 @@ CHAIN_OPS: dict[str, str] = {
     "aten::exp.out": "exp", "aten::tanh.out": "tanh", "aten::sigmoid.out": "sigmoid",
 }
 _WITH_ALPHA = ("add", "sub", "rsub")
-# Seconds of numba compiling one process may spend on chains; after that they run in numpy.
-COMPILE_BUDGET_S = 20.0
+# Seconds of numba compiling one process may spend on chains; after that they run in numpy
+# (a cached kernel costs little of it: numba reads it back from disk).
+COMPILE_BUDGET_S = float(os.environ.get("EXECUPY_CHAIN_COMPILE_S", 10))
 _compile_spent = [0.0]
 
 
