@@ -72,29 +72,32 @@ def time_calls(call: Callable[[], object], repeat: int) -> float:
 # ---------------------------------------------------------------------------- reference side
 
 
+def chain_model(n: int):
+    """The torch module of a chain of n ops: x = x * a; x = x + b; ... (torch imported here)."""
+    import torch
+
+    class Chain(torch.nn.Module):
+        def forward(self, x, a, b):
+            for _ in range(n // 2):
+                x = x * a
+                x = x + b
+            return x
+
+    return Chain()
+
+
 def reference_worker(sizes: list[int], directory: Path, repeat: int) -> dict:
     """Runs inside the reference venv: export each chain, time ExecuTorch's runtime on it."""
     import torch
     from executorch.exir import to_edge
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
-    class Chain(torch.nn.Module):
-        def __init__(self, n: int):
-            super().__init__()
-            self.n = n
-
-        def forward(self, x, a, b):
-            for _ in range(self.n // 2):
-                x = x * a
-                x = x + b
-            return x
-
     inputs = tuple(torch.from_numpy(v) for v in _inputs())
     out = {}
     for n in sizes:
         path = directory / f"chain_{n}.pte"
         if not path.exists():
-            program = to_edge(torch.export.export(Chain(n), inputs)).to_executorch()
+            program = to_edge(torch.export.export(chain_model(n), inputs)).to_executorch()
             path.write_bytes(program.buffer)
         module = _load_for_executorch(str(path))
         result = module.run_method("forward", inputs)[0].numpy()

@@ -3,6 +3,10 @@ one step, a numba loop where numba can run it and the portable kernels' numpy ca
 elsewhere. Either way the outputs are bit-identical to the unfused plan, and every value
 another step or the caller reads is still written.
 """
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,6 +16,19 @@ from execupy.runtime.program import Program
 torch = pytest.importorskip("torch")
 
 BACKENDS = ["numba", "numpy"]
+
+
+def runtime_overhead_bench():
+    """bench/runtime_overhead.py, whose chain program (x = x * a; x = x + b; ...) the tests export too."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "runtime_overhead.py"
+    spec = importlib.util.spec_from_file_location("runtime_overhead", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = runtime_overhead_bench()
 
 
 def use_backend(backend: str, monkeypatch) -> None:
@@ -24,20 +41,6 @@ def export(model, *inputs) -> bytes:
     from execupy.exir import to_edge
 
     return to_edge(torch.export.export(model, tuple(torch.from_numpy(x) for x in inputs))).to_executorch().buffer
-
-
-class Chain(torch.nn.Module):
-    """bench/runtime_overhead.py's program: x = x * a; x = x + b; ..."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.n = n
-
-    def forward(self, x, a, b):
-        for _ in range(self.n // 2):
-            x = x * a
-            x = x + b
-        return x
 
 
 class Mixed(torch.nn.Module):
@@ -75,7 +78,7 @@ def test_a_chain_of_64_ops_is_one_step_with_bit_equal_results(backend, monkeypat
     use_backend(backend, monkeypatch)
     rng = np.random.default_rng(0)
     x, a, b = (rng.standard_normal(4).astype(np.float32) for _ in range(3))
-    fused, plain = both(export(Chain(64), x, a, b))
+    fused, plain = both(export(BENCH.chain_model(64), x, a, b))
     assert plain.steps_per_call == 64 and fused.steps_per_call == 1
     assert fused._op_names == ["fused:elementwise"]
     for scale in (1, 1e3, 1e30):  # the last overflows to inf and then NaN, as the unfused ops do
@@ -100,7 +103,7 @@ def test_broadcasts_scalars_and_intermediate_outputs_stay_bit_equal(backend, mon
 
 def test_chain_fusion_follows_the_fusion_switch(monkeypatch):
     x = np.ones(4, np.float32)
-    pte = export(Chain(8), x, x, x)
+    pte = export(BENCH.chain_model(8), x, x, x)
     monkeypatch.setenv("EXECUPY_FUSION", "0")
     assert Program.load(pte).load_method("forward").steps_per_call == 8
 
@@ -110,8 +113,19 @@ def test_a_compiled_chain_is_kept_in_the_kernel_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("EXECUPY_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(ew, "_LOADED", {})  # as in a fresh process
     x = np.ones(4, np.float32)
-    method = Program.load(export(Chain(10), x, x, x)).load_method("forward")
+    method = Program.load(export(BENCH.chain_model(10), x, x, x)).load_method("forward")
     assert method.steps_per_call == 1
     (source,) = tmp_path.glob("chain_*.py")
     assert source.read_text().count(" * a1[i]") == 5  # the five multiplications, in one loop
     assert list((tmp_path / "__pycache__").glob("chain_*.nbi")), "numba's cache index beside the source"
+
+
+def test_the_overhead_bench_times_bit_equal_fused_and_unfused_plans(tmp_path):
+    """Our side of bench/runtime_overhead.py on a chain our exporter wrote: its three plans agree bit for bit."""
+    path = tmp_path / "chain.pte"
+    path.write_bytes(export(BENCH.chain_model(20), *BENCH._inputs()))
+    ours = BENCH.run_ours(str(path), repeat=3)
+    assert ours.instructions == 20
+    fused, fused_numpy, unfused = ours.outputs
+    assert np.array_equal(fused, unfused) and np.array_equal(fused_numpy, unfused)
+    assert min(ours.fused, ours.fused_numpy, ours.unfused, ours.dispatch, ours.tracing) > 0
