@@ -129,3 +129,18 @@ def test_the_overhead_bench_times_bit_equal_fused_and_unfused_plans(tmp_path):
     fused, fused_numpy, unfused = ours.outputs
     assert np.array_equal(fused, unfused) and np.array_equal(fused_numpy, unfused)
     assert min(ours.fused, ours.fused_numpy, ours.unfused, ours.dispatch, ours.tracing) > 0
+
+
+def test_a_compiled_stretch_never_overwrites_memory_it_still_reads():
+    """The loop reads and writes element by element, so a stored value may share an input's
+    memory only exactly, and only when it is produced after the input's last read."""
+    from execupy.runtime.chains import _Stretch, _stretch_is_safe
+
+    memory = np.zeros(8, np.float32)
+    x = memory[:4]  # read by ops 0 and 1
+    stretch = _Stretch((4,), [("neg", [("a", 0)]), ("mul", [("a", 0), ("t", 0)])], [x], [0], {7: 0}, {0: 1}, [], {})
+    assert _stretch_is_safe(stretch, [1], [memory[:4]])  # op 1 writes x's own bytes after reading them
+    assert not _stretch_is_safe(stretch, [0], [memory[:4]])  # op 0's value would clobber x before op 1 reads it
+    assert not _stretch_is_safe(stretch, [1], [memory[2:6]])  # element i's store lands on element i + 2's input
+    assert _stretch_is_safe(stretch, [0, 1], [np.zeros(4, np.float32), np.zeros(4, np.float32)])
+    assert not _stretch_is_safe(stretch, [0, 1], [memory[4:], memory[4:]])  # two stored values in one place
