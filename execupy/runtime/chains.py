@@ -76,12 +76,14 @@ def chain_op(g, node, aliases: dict) -> Optional[ChainOp]:
     kind = CHAIN_OPS.get(node.op)
     if kind is None:
         return None
-    arity = 1 if ew.ARITY.get(kind) == 1 else 2
+    arity = ew.ARITY.get(kind, 2)  # rsub: 2
     args, extra = node.args[:arity], node.args[arity:]
+    if len(args) != arity:
+        return None
     if kind in _WITH_ALPHA:
         if len(extra) > 1 or (extra and not (_scalar_operand(g, extra[0]) and P.scalar_value(g.value(extra[0])) == 1)):
             return None
-    elif extra or len(args) != arity:
+    elif extra:
         return None
     out = _float32_tensor(g, node.out)
     if out is None or out.allocation_info is None:
