@@ -189,3 +189,58 @@ def test_quantized_linear_is_one_fused_step_equal_within_float32_rounding(form, 
     assert a.shape == b.shape == (1, 3, 48)
     # the weight is never rebuilt in float32, so sums round differently: relative 1e-5 of the row
     assert np.all(np.abs(a - b) <= 1e-5 * np.abs(b).max(axis=-1, keepdims=True) + 1e-6)
+
+
+def dynamic_activation_program() -> bytes:
+    """x -> per-token int8 quantize -> dequantize (8da4w's activations) -> + 0, as quantize.py emits it."""
+    import torch
+    from torch.ao.quantization.fx import _decomposed  # noqa: F401  (registers quantized_decomposed ops)
+
+    from execupy.exir import to_edge
+
+    class DynamicActivations(torch.nn.Module):
+        def forward(self, x):
+            ops = torch.ops.quantized_decomposed
+            s, z = ops.choose_qparams_per_token_asymmetric(x, torch.int8)
+            q = ops.quantize_per_token(x, s, z, -128, 127, torch.int8)
+            return ops.dequantize_per_token(q, s, z, -128, 127, torch.int8, torch.float32) * 2.0
+
+    return to_edge(torch.export.export(DynamicActivations(), (torch.randn(5, 96),))).to_executorch().buffer
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_per_token_activation_quantization_is_one_fused_step_bit_equal(backend, monkeypatch):
+    from execupy.kernels.fast import quantized as Q
+
+    if backend == "numba" and Q.NUMBA is None:
+        pytest.skip("numba (the `fast` extra) is not installed")
+    monkeypatch.setattr(Q, "fake_quantize_per_token", (Q.NUMBA if backend == "numba" else Q.NUMPY)["fake_quantize_per_token"])
+    program = Program.load(dynamic_activation_program())
+    fused, plain = program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)
+    assert "fused:fake_quantize_per_token" in fused._op_names
+    assert not any("per_token" in name and not name.startswith("fused:") for name in fused._op_names)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 96)).astype(np.float32) * np.array([1e-4, 1, 30, 1, 1], np.float32)[:, None]
+    x[3] = np.abs(x[3])  # a row with no negative value: the zero point comes from the other end
+    x[4] = 0  # a row of zeros: the scale is float32's eps
+    a, b = fused.execute([x])[0], plain.execute([x])[0]
+    assert np.array_equal(a, b)
+    assert np.abs(a - 2 * x).max() <= 2 * (2 * np.abs(x).max() / 255)  # within a quantization step of x
+
+
+def test_a_packed_weights_file_pages_are_released_and_still_read_back(tmp_path):
+    """After the quantized linear packs its weight, the file pages of the original constant
+    leave resident memory (madvise); the unfused method reading the same constant still gets
+    the file's values, and a program loaded from bytes is left alone."""
+    path = tmp_path / "qlinear.pte"
+    path.write_bytes(quantized_linear_program(256, 512, 32, 4, True))  # a 128 KiB weight: 32 pages
+    x = np.random.default_rng(3).standard_normal((1, 3, 512)).astype(np.float32)
+    expected = Program.load(path.read_bytes()).load_method("forward", fuse=False).execute([x])[0]
+    program = Program.load(path)
+    fused = program.load_method("forward", fuse=True)  # packs the weight, releases its pages
+    assert "fused:quantized_linear" in fused._op_names
+    assert np.array_equal(program.load_method("forward", fuse=False).execute([x])[0], expected)
+    from_bytes = Program.load(path.read_bytes())
+    from_bytes.release_pages(np.zeros(8192, np.uint8))  # not in any mapping: nothing happens
+    got = from_bytes.load_method("forward", fuse=True).execute([x])[0]
+    assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max() + 1e-6)

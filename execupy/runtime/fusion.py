@@ -679,6 +679,47 @@ def _silu_step(method, gate: int, out: int):
     return silu_step
 
 
+_CHOOSE_PER_TOKEN = "quantized_decomposed::choose_qparams_per_token_asymmetric.out"
+_QUANTIZE_PER_TOKEN = "quantized_decomposed::quantize_per_token.out"
+_DEQUANTIZE_PER_TOKEN = "quantized_decomposed::dequantize_per_token.out"
+_INT8, _FLOAT32 = 1, 6  # ScalarType codes
+
+
+def _match_fake_quantize_per_token(g: Graph, anchor: Node) -> Optional[Fused]:
+    """dequantize_per_token(quantize_per_token(x, s, z), s, z) with (s, z) the
+    choose_qparams_per_token_asymmetric of x, int8, float64 scales: the dynamic activations of
+    8da4w/8da8w linears (docs/quantized-llm.md), one compiled pass per row instead of three kernels."""
+    if anchor.op != _DEQUANTIZE_PER_TOKEN or len(anchor.args) < 7:
+        return None
+    q, s, z = anchor.args[:3]
+    quant, choose = g.producer(q), g.producer(s)
+    if (quant is None or quant.op != _QUANTIZE_PER_TOKEN or len(quant.args) < 6 or tuple(quant.args[1:3]) != (s, z)
+            or choose is None or choose.op != _CHOOSE_PER_TOKEN or g.producer(z) is not choose
+            or not choose.args or choose.args[0] != quant.args[0]):
+        return None
+    x, pcs = quant.args[0], {anchor.pc, quant.pc, choose.pc}
+    if any(v in g.pinned or any(u not in pcs for u in g.users.get(v, [])) for v in (q, s, z)):
+        return None
+    int8_range = [_scalar(g, a) for a in quant.args[3:6]] + [_scalar(g, a) for a in anchor.args[3:7]]
+    if int8_range != [-128, 127, _INT8, -128, 127, _INT8, _FLOAT32]:
+        return None
+    if not (_float32(g, x, anchor.out) and g.dtype(s) == np.float64 and g.dtype(z) == np.int64):
+        return None
+    return Fused("fake_quantize_per_token", frozenset(pcs), anchor.pc, (x,), anchor.out,
+                 lambda method: _fake_quantize_per_token_step(method, x, anchor.out))
+
+
+def _fake_quantize_per_token_step(method, x: int, out: int):
+    from ..kernels.fast.quantized import fake_quantize_per_token
+
+    gx, store = _get(method, x), method._store_fn(out)
+
+    def fake_quantize_per_token_step():
+        store(fake_quantize_per_token(gx()))
+
+    return fake_quantize_per_token_step
+
+
 _DEQUANTIZE = "quantized_decomposed::dequantize_per_channel.out"
 _VIEW_COPY = "aten::view_copy.out"
 
@@ -750,6 +791,7 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
     values = method.values
     packed = pack(values[q].reshape(n, k), values[scales], None, group,
                   None if mins is None else values[mins])
+    method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
     get_rows, store = _get(method, rows), method._store_fn(out)
 
     def quantized_linear_step():
@@ -760,6 +802,7 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
 
 PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (
     _match_add_rms_norm, _match_rms_norm, _match_rope, _match_rope_swapped, _match_silu, _match_quantized_linear,
+    _match_fake_quantize_per_token,
 )
 
 

@@ -109,6 +109,22 @@ class Program:
         program.load_s = time.perf_counter() - started
         return program
 
+    def release_pages(self, constant: np.ndarray) -> None:
+        """Drop from resident memory the file pages under `constant`, a constant this program
+        maps from its file, once a load-time step has re-laid it into a copy of its own (a packed
+        quantized weight). The mapping is read-only and file-backed, so a later read of the
+        constant (a tied embedding, say) pages it back in from the file; nothing is lost."""
+        mm = self._keepalive
+        if not isinstance(mm, mmap.mmap) or not hasattr(mm, "madvise") or constant.nbytes == 0:
+            return
+        start = constant.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
+        if start < 0 or start + constant.nbytes > len(mm):
+            return  # not in this program's mapping
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + constant.nbytes) // page * page  # whole pages inside
+        if hi > lo:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     # ------------------------------------------------------------------ queries
 
     @property

@@ -40,9 +40,8 @@ def test_numpy_qmatmul_is_x_times_the_dequantized_weight(bits, with_zeros, m):
 
 @needs_numba
 @pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
-@pytest.mark.parametrize("m,parallel", [(1, False), (7, False), (7, True)])
-def test_numba_qmatmul_equals_numpy_within_float32_rounding(bits, with_zeros, m, parallel, monkeypatch):
-    monkeypatch.setattr(Q, "PARALLEL_MIN_MACS", 0 if parallel else 1 << 62)
+@pytest.mark.parametrize("m", [1, 3, Q.BLAS_MIN_ROWS, 7])  # the mat-vec path, then dequantize + BLAS
+def test_numba_qmatmul_equals_numpy_within_float32_rounding(bits, with_zeros, m):
     rng = np.random.default_rng(bits + m)
     q, s, z, _, _ = grouped_weight(rng, 130, 256, 64, bits, with_zeros)
     x = rng.standard_normal((m, 256)).astype(np.float32)

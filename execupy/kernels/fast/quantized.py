@@ -52,6 +52,19 @@ def quantize_per_token_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return q, scale.reshape(-1), zero.reshape(-1)
 
 
+def fake_quantize_per_token_numpy(x: np.ndarray) -> np.ndarray:
+    """x through 8da4w's dynamic int8 activations, float32 [M, K] -> float32 [M, K]: the
+    registered choose_qparams_per_token_asymmetric / quantize_per_token / dequantize_per_token
+    kernels in a row, with the float64 scales and int64 zero points the exported graph uses."""
+    from ..quantized.quant import choose_qparams_per_token_asymmetric, dequantize_per_token, quantize_per_token
+
+    x = np.asarray(x, np.float32)
+    scale, zero = np.empty((x.shape[0], 1), np.float64), np.empty((x.shape[0], 1), np.int64)
+    choose_qparams_per_token_asymmetric(x, 1, scale, zero)
+    q = quantize_per_token(x, scale, zero, -128, 127, 1, np.empty(x.shape, np.int8))
+    return dequantize_per_token(q, scale, zero, -128, 127, 1, 6, np.empty(x.shape, np.float32))
+
+
 def embedding_numpy(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
                     ids: np.ndarray) -> np.ndarray:
     """Rows `ids` of the dequantized table, float32."""
@@ -70,35 +83,55 @@ def group_offsets(scales: np.ndarray, zeros: Optional[np.ndarray], mins: Optiona
     return offsets
 
 
-# Below this much work a second thread costs more to wake than it saves (measured on 2 shared
-# cores: bench/README.md); prefill-sized products use every numba thread.
-PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
+# From this many rows on, a call dequantizes the weight a slice at a time and hands each slice to
+# BLAS (prefill); fewer rows read the integers directly (decode), which moves a quarter of the bytes.
+BLAS_MIN_ROWS = 4
+BLAS_SLICE_COLUMNS = 2048  # a [K, 2048] float32 slice stays in L2 for K = 576
+
 
 @dataclass
 class PackedWeight:
-    """A grouped quantized weight laid out once, at load, for `qlinear`: w = q * scale + offset."""
+    """A grouped quantized weight laid out once, at load, for `qlinear`: w = q * scale + offset.
 
-    q: np.ndarray  # int8 [N, K], contiguous
-    scales: np.ndarray  # float32 [N, K / group_size]
-    offsets: np.ndarray  # float32 [N, K / group_size]: min - zero * scale
+    Stored input-major (the transpose of the [N, K] weight): a decode step walks the K rows of
+    `qt` once, and every output's running sum advances in the same SIMD lane, so no horizontal
+    sums and no per-group reductions."""
+
+    qt: np.ndarray  # int8 [K, N], contiguous
+    scales: np.ndarray  # float32 [K / group_size, N]
+    offsets: np.ndarray  # float32 [K / group_size, N]: min - zero * scale
     group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, K), the shape of the weight it stands for."""
+        return self.qt.shape[1], self.qt.shape[0]
 
 
 def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
          mins: Optional[np.ndarray] = None) -> PackedWeight:
     n = q.shape[0]
     s = np.ascontiguousarray(scales.reshape(n, -1), np.float32)
-    return PackedWeight(np.ascontiguousarray(q), s, group_offsets(s, zeros, mins), group_size)
+    offsets = group_offsets(s, zeros, mins)
+    return PackedWeight(np.ascontiguousarray(q.reshape(n, -1).T), np.ascontiguousarray(s.T),
+                        np.ascontiguousarray(offsets.T), group_size)
+
+
+def dequantize_columns(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
+    """float32 [K, j1 - j0]: columns j0..j1 of the dequantized transposed weight (numpy)."""
+    k, cols = w.qt.shape[0], j1 - j0
+    groups = w.qt[:, j0:j1].reshape(-1, w.group_size, cols) * w.scales[:, None, j0:j1] + w.offsets[:, None, j0:j1]
+    return groups.reshape(k, cols)
 
 
 def qlinear_numpy(x: np.ndarray, w: PackedWeight) -> np.ndarray:
     """x[M, K] @ w.T, the weight dequantized in float32 for the call (numpy has no int8 x float32 product)."""
-    n, k = w.q.shape
-    groups = w.q.reshape(n, -1, w.group_size) * w.scales[:, :, None] + w.offsets[:, :, None]
-    return np.asarray(x, np.float32) @ groups.reshape(n, k).T
+    n, _ = w.shape
+    return np.asarray(x, np.float32) @ dequantize_columns(w, 0, n)
 
 
 NUMPY: dict[str, Callable] = {"qmatmul": qmatmul_numpy, "quantize_per_token": quantize_per_token_numpy,
+                              "fake_quantize_per_token": fake_quantize_per_token_numpy,
                               "embedding": embedding_numpy, "qlinear": qlinear_numpy}
 
 # ---------------------------------------------------------------------------- numba
@@ -111,25 +144,46 @@ def _compile() -> Optional[dict[str, Callable]]:
         return None
 
     @numba.njit(cache=True, fastmath=True)
-    def _qmatmul_rows(x, xsum, q, scales, offsets, group_size, out, j0, j1):
-        # w = q * s + o per group, o = mins - zeros * s: sum(x * w) = s * sum(x * q) + o * sum(x)
-        m, k = x.shape
-        for j in range(j0, j1):
-            for r in range(m):
-                total = np.float32(0)
-                for g in range(k // group_size):
-                    acc = np.float32(0)
-                    for c in range(g * group_size, (g + 1) * group_size):
-                        acc += x[r, c] * np.float32(q[j, c])
-                    total += acc * scales[j, g] + offsets[j, g] * xsum[r, g]
-                out[r, j] = total
+    def _matvec(x, xsum, qt, scales, offsets, group_size, out):
+        # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * xsum[g]). The innermost
+        # loops run over contiguous outputs through 1-D row views, which LLVM vectorises (2-D
+        # indexing there kept it scalar, 10x slower); four input rows per pass quarter the
+        # traffic on the running sums.
+        k, n = qt.shape
+        total = np.zeros(n, np.float32)
+        acc = np.empty(n, np.float32)
+        for g in range(k // group_size):
+            acc[:] = 0
+            c, end = g * group_size, (g + 1) * group_size
+            while c + 4 <= end:
+                x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
+                r0, r1, r2, r3 = qt[c], qt[c + 1], qt[c + 2], qt[c + 3]
+                for j in range(n):
+                    acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])
+                               + x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
+                c += 4
+            while c < end:
+                xc, r0 = x[c], qt[c]
+                for j in range(n):
+                    acc[j] += xc * np.float32(r0[j])
+                c += 1
+            xs, sg, og = xsum[g], scales[g], offsets[g]
+            for j in range(n):
+                total[j] += acc[j] * sg[j] + og[j] * xs
+        out[:] = total
 
-    @numba.njit(parallel=True, cache=True)
-    def _qmatmul_parallel(x, xsum, q, scales, offsets, group_size, out, chunks):
-        n = q.shape[0]
-        step = (n + chunks - 1) // chunks
-        for t in numba.prange(chunks):
-            _qmatmul_rows(x, xsum, q, scales, offsets, group_size, out, t * step, min(n, (t + 1) * step))
+    @numba.njit(cache=True)
+    def _matvec_rows(x, xsum, qt, scales, offsets, group_size, out):
+        for r in range(x.shape[0]):
+            _matvec(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
+
+    @numba.njit(cache=True, fastmath=True)
+    def _dequantize_columns(qt, scales, offsets, group_size, j0, j1, dst):
+        for c in range(qt.shape[0]):
+            g = c // group_size
+            q, sg, og, row = qt[c, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[c]
+            for j in range(j1 - j0):
+                row[j] = np.float32(q[j]) * sg[j] + og[j]
 
     @numba.njit(cache=True)
     def _quantize_per_token(x):
@@ -160,6 +214,31 @@ def _compile() -> Optional[dict[str, Callable]]:
         return q, scale, zero
 
     @numba.njit(cache=True)
+    def _fake_quantize_per_token(x, out):
+        # Step for step the numpy kernels' arithmetic: range and scale in float32, then the
+        # quantize and dequantize in float64 (the graph's scales are float64), no fastmath.
+        m, k = x.shape
+        eps = np.float32(np.finfo(np.float32).eps)
+        for r in range(m):
+            lo = np.float32(0)
+            hi = np.float32(0)
+            for c in range(k):
+                lo = min(lo, x[r, c])
+                hi = max(hi, x[r, c])
+            s = max(np.float32((hi - lo) / np.float32(255)), eps)
+            dmin, dmax = np.float32(lo / s), np.float32(hi / s)
+            if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
+                z = np.float32(-128) - dmin
+            else:
+                z = np.float32(127) - dmax
+            z64 = np.float64(np.round(min(max(z, np.float32(-128)), np.float32(127))))
+            s64 = np.float64(s)
+            inv = 1.0 / s64
+            for c in range(k):
+                v = min(max(np.round(np.float64(x[r, c]) * inv + z64), -128.0), 127.0)
+                out[r, c] = np.float32((v - z64) * s64)
+
+    @numba.njit(cache=True)
     def _embedding(q, scales, zeros, group_size, rows):
         d = q.shape[1]
         out = np.empty((rows.shape[0], d), np.float32)
@@ -171,14 +250,21 @@ def _compile() -> Optional[dict[str, Callable]]:
         return out
 
     def qlinear(x, w: PackedWeight):
-        (n, k), m = w.q.shape, x.shape[0]
+        (n, k), m = w.shape, x.shape[0]
         x = np.ascontiguousarray(x, np.float32)
-        xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
+        if m < BLAS_MIN_ROWS:  # decode: one pass over the integers (a second thread's wake-up costs more)
+            out = np.empty((m, n), np.float32)
+            xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
+            _matvec_rows(x, xsum, w.qt, w.scales, w.offsets, w.group_size, out)
+            return out
+        # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
         out = np.empty((m, n), np.float32)
-        if m * n * k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1:
-            _qmatmul_parallel(x, xsum, w.q, w.scales, w.offsets, w.group_size, out, numba.get_num_threads())
-        else:
-            _qmatmul_rows(x, xsum, w.q, w.scales, w.offsets, w.group_size, out, 0, n)
+        scratch = np.empty((k, min(n, BLAS_SLICE_COLUMNS)), np.float32)
+        for j0 in range(0, n, BLAS_SLICE_COLUMNS):
+            j1 = min(n, j0 + BLAS_SLICE_COLUMNS)
+            part = scratch[:, : j1 - j0]
+            _dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, j0, j1, part)
+            out[:, j0:j1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
         return out
 
     def qmatmul(x, q, scales, zeros, group_size, mins=None):
@@ -187,6 +273,12 @@ def _compile() -> Optional[dict[str, Callable]]:
     def quantize_per_token(x):
         return _quantize_per_token(np.ascontiguousarray(x, np.float32))
 
+    def fake_quantize_per_token(x):
+        x = np.ascontiguousarray(x, np.float32)
+        out = np.empty(x.shape, np.float32)
+        _fake_quantize_per_token(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
+        return out
+
     def embedding(q, scales, zeros, group_size, ids):
         n = q.shape[0]
         s = scales.reshape(n, -1).astype(np.float32)
@@ -194,6 +286,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         return _embedding(q, s, z, group_size, np.asarray(ids, np.int64).reshape(-1))
 
     return {"qmatmul": qmatmul, "quantize_per_token": quantize_per_token, "embedding": embedding,
+            "fake_quantize_per_token": fake_quantize_per_token,
             "qlinear": qlinear}
 
 
@@ -203,5 +296,6 @@ _ACTIVE = NUMBA or NUMPY
 
 qmatmul: Callable = _ACTIVE["qmatmul"]
 quantize_per_token: Callable = _ACTIVE["quantize_per_token"]
+fake_quantize_per_token: Callable = _ACTIVE["fake_quantize_per_token"]
 embedding: Callable = _ACTIVE["embedding"]
 qlinear: Callable = _ACTIVE["qlinear"]
