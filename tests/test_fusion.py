@@ -25,8 +25,10 @@ def assert_same(fused: list, plain: list, what: str) -> None:
             assert f == p, f"{what} output {k}"
 
 
+@pytest.mark.parametrize("numba", ["1", "0"], ids=["numba", "numpy"])  # how element-wise chains run
 @pytest.mark.parametrize("case", CORPUS, ids=program_name)
-def test_fused_corpus_program_equals_unfused(case):
+def test_fused_corpus_program_equals_unfused(case, numba, monkeypatch):
+    monkeypatch.setenv("EXECUPY_NUMBA", numba)
     fused, plain = {}, {}
     for run in case.manifest["runs"]:
         inputs = load_inputs(case, run)

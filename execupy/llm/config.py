@@ -78,8 +78,15 @@ def _short(value: Any) -> str:
 
 def read_json_object(path: str | os.PathLike, error: type[Exception] = CheckpointError) -> dict[str, Any]:
     """A JSON file whose top level is an object; anything else raises ``error`` naming the file."""
+    return read_json_text(path, error)[1]
+
+
+def read_json_text(path: str | os.PathLike, error: type[Exception] = CheckpointError) -> tuple[str, dict[str, Any]]:
+    """The text of a JSON object file and the object, read once (a library can then parse the
+    very text that was checked)."""
     try:
-        value = json.loads(Path(path).read_bytes().decode("utf-8"))
+        text = Path(path).read_bytes().decode("utf-8")
+        value = json.loads(text)
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text (byte {e.start})") from e
     except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
@@ -88,7 +95,7 @@ def read_json_object(path: str | os.PathLike, error: type[Exception] = Checkpoin
         raise error(f"{path}: cannot be read ({e.strerror})") from e
     if not isinstance(value, dict):
         raise error(f"{path}: expected a JSON object at the top level, found {type(value).__name__}")
-    return value
+    return text, value
 
 
 @contextmanager

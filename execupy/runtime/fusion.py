@@ -34,7 +34,12 @@ it takes. The rule (docs/fusion.md says the same for users):
    portable kernels it replaces, so results are bit-identical, except the quantized
    linear, which accumulates in a different order (equal within float32 rounding,
    relative 1e-5 of the row's magnitude).
-3. Only float32 patterns fuse; a method with jumps (control flow) is not fused, nor one
+3. **Runs of element-wise ops are one step** (`execupy/runtime/chains.py`): consecutive
+   float32 add/sub/mul/div/neg/relu/sqrt/exp/tanh/sigmoid instructions that no rule above
+   took become one generated function, numba loops for exactly rounded stretches
+   (`execupy.kernels.fast.elementwise`), numpy calls into the planned tensors elsewhere.
+   Bit-identical; nothing moves past another instruction.
+4. Only float32 patterns fuse; a method with jumps (control flow) is not fused, nor one
    loaded with an EventTracer (tracing needs one step per instruction, so devtools sees
    the program's own instructions), nor any method when `EXECUPY_FUSION=0`
    (`Program.load_method(..., fuse=False)` does the same for one method).
@@ -54,6 +59,7 @@ import numpy as np
 from ..kernels.portable._util import norm_dim
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
 from ..schema import program as P
+from .chains import bind_chain, find_chains
 
 
 def fusion_enabled() -> bool:
@@ -128,12 +134,53 @@ class Graph:
         """Nothing in pcs (after, upto] outside `skip` writes memory that `value` shares."""
         if self.is_const(value):
             return True
-        for pc in range(after + 1, upto + 1):
-            if pc not in skip and any(self.overlaps(value, w) for w in self.writes[pc]):
-                return False
-        return True
+        if upto - after <= _SHORT_SPAN:
+            return not any(pc not in skip and any(self.overlaps(value, w) for w in self.writes[pc])
+                           for pc in range(after + 1, upto + 1))
+        # A long span (a view read layers later): one vectorised test over every write in it.
+        index = self._write_index()
+        lo, hi = np.searchsorted(index.pc, (after + 1, upto + 1))
+        hit = index.value[lo:hi] == value
+        e = self.extent.get(value)
+        if e is not None:
+            hit |= (index.mem[lo:hi] == e[0]) & (index.start[lo:hi] < e[2]) & (index.end[lo:hi] > e[1])
+        return all(pc in skip for pc in index.pc[lo:hi][hit].tolist())
+
+    def add_write(self, pc: int, value: int) -> None:
+        """Record that a rewrite makes instruction `pc` write `value` as well."""
+        self.writes[pc].add(value)
+        self._writes_by_pc = None
+
+    def _write_index(self) -> "_Writes":
+        if self._writes_by_pc is None:
+            self._writes_by_pc = _Writes.of(self.writes, self.extent)
+        return self._writes_by_pc
 
     producers: dict[int, int] = field(default_factory=dict)
+    _writes_by_pc: Optional["_Writes"] = None
+
+
+_SHORT_SPAN = 24  # pcs: below this a plain loop beats numpy's call overhead
+
+
+@dataclass
+class _Writes:
+    """Every (instruction, value written) pair as arrays sorted by pc, with the value's planned
+    bytes (memory id -1 for a value with none), so a span of a graph is searched at once."""
+
+    pc: np.ndarray
+    value: np.ndarray
+    mem: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    @classmethod
+    def of(cls, writes: list[set[int]], extent: dict[int, tuple[int, int, int]]) -> "_Writes":
+        pairs = [(pc, w) for pc, written in enumerate(writes) for w in written]
+        spans = [extent.get(w, (-1, 0, 0)) for _, w in pairs]
+        columns = [np.array([p[k] for p in pairs], np.int64) for k in (0, 1)]
+        columns += [np.array([s[k] for s in spans], np.int64) for k in (0, 1, 2)]
+        return cls(*columns)
 
 
 def _tensor_ids(plan: P.ExecutionPlan, i: int) -> list[int]:
@@ -452,7 +499,7 @@ def _match_add_rms_norm(g: Graph, anchor: Node) -> Optional[Fused]:
     _, eps, w = norm.inputs
     # h is now written at the anchor: say so, so that a view read later whose source shares h's
     # bytes is checked against this write (harmless if the pattern is dropped: h is live there).
-    g.writes[anchor.pc].add(h)
+    g.add_write(anchor.pc, h)
     return Fused("add_rms_norm", norm.pcs | {add.pc}, anchor.pc, (a, b, eps, w), anchor.out,
                  lambda method: _add_rms_norm_step(method, a, b, eps, w, h, anchor.out), fallback=norm)
 
@@ -832,6 +879,11 @@ def plan_fusion(method) -> Optional[FusionPlan]:
                 del patterns[a]
             else:
                 patterns[a] = patterns[a].fallback
+    for run in find_chains(g, removed | set(patterns), aliases):  # rule 3, on what is left
+        anchor = run[-1].pc
+        patterns[anchor] = Fused("elementwise", frozenset(op.pc for op in run), anchor, (), run[-1].out,
+                                 lambda method, run=run: bind_chain(method, run))
+        removed |= {op.pc for op in run[:-1]}
     if not aliases and not patterns:
         return None
     return FusionPlan(aliases, removed, patterns)
