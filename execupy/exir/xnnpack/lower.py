@@ -30,7 +30,9 @@ MAX_DIMS = 6  # XNN_MAX_TENSOR_DIMS
 KEEP_DIMS = 0x40
 ALIGN_CORNERS = 0x8
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
-PER_CHANNEL, PER_TOKEN = 1, 3  # XNNQuantParams tags
+PER_CHANNEL, PER_TOKEN, PER_CHANNEL_GROUP = 1, 3, 4  # XNNQuantParams tags
+QB4W_ZERO_POINT = 8  # XNNPACK stores 4-bit filter values unsigned, around 8
+QB4W_BLOCK = 32  # XNNPACK's blockwise filters take groups of a multiple of 32 input channels
 qd = torch.ops.quantized_decomposed
 
 IsConst = Callable[[Any], bool]
@@ -84,6 +86,29 @@ class GraphBuilder:
         idx = self.graph.add_constant(q.detach().numpy().astype(np.int8))
         quant = (PER_CHANNEL, [(0, "floats", scales.detach().float().numpy()), (1, "Int32", 0)])
         return self.graph.add_value(XValue("qcint8", [int(d) for d in q.shape], constant_buffer_idx=idx, quant=quant))
+
+    def blockwise_filter(self, q: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]) -> int:
+        """A 4-bit [out, in] filter with one scale per group of in-channels (qbint4): the values
+        stored unsigned (q + 8) two per byte, even columns in the low nibble; the scales bf16,
+        in named data under "scale_" + their SHA-256 (what ExecuTorch writes)."""
+        n, k = shape
+        u = (q.detach().to(torch.int16).reshape(n, k) + QB4W_ZERO_POINT).to(torch.uint8).numpy()
+        idx = self.graph.add_constant(u[:, 0::2] | (u[:, 1::2] << 4))
+        bf16 = scales.detach().float().to(torch.bfloat16).contiguous().view(torch.int16).numpy()
+        scale_idx = self.graph.add_constant(bf16, prefix="scale_")
+        group = k * n // bf16.size
+        quant = (PER_CHANNEL_GROUP, [(0, "floats", []), (1, "Int32", 0), (2, "Int32", group),
+                                     (4, "Uint32", scale_idx), (5, "Uint32", bf16.size)])
+        return self.graph.add_value(XValue("qbint4", [n, k], constant_buffer_idx=idx, quant=quant))
+
+    def quantized_filter(self, weight: "QuantizedWeight") -> int:
+        zero = weight.zero_point
+        if zero is not None and bool(self.constants[zero].any()):
+            raise ExportError(f"XnnpackBackend: {zero.name}: nonzero weight zero points (XNNPACK's filters are "
+                              "symmetric)")
+        if weight.grouped:
+            return self.blockwise_filter(self.constants[weight.q], self.constants[weight.scales], weight.shape)
+        return self.per_channel_filter(self.constants[weight.q], self.constants[weight.scales])
 
     def temp(self, dims: list[int]) -> int:
         return self.graph.add_value(XValue("fp32", list(dims)))
@@ -191,11 +216,8 @@ def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias
     BatchMatrixMultiply of a batch of one."""
     quantized = qd8_linear(x, w)
     if quantized is not None:
-        src, q, scales = quantized
-        zero = w.args[0].args[2]
-        if zero is not None and bool(g.constants[zero].any()):
-            raise ExportError(f"XnnpackBackend: {w.args[0].name} has nonzero weight zero points (qc8w is symmetric)")
-        filt = g.per_channel_filter(g.constants[q], g.constants[scales])
+        src, weight = quantized
+        filt = g.quantized_filter(weight)
         bias_id = NO_VALUE
         fused_bias = bias is not None and bias in g.constants and g.constants[bias].dim() == 1
         if fused_bias:
@@ -243,24 +265,45 @@ def per_token_round_trip(x: Any) -> Optional[torch.fx.Node]:
     return src
 
 
-def per_channel_weight(w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node]]:
-    """(int8 values, scales) of permute(dequantize_per_channel(q, s, zp=0|None, axis 0, int8), [1, 0])."""
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """The constant int8 values and scales behind a matmul's float weight: per output channel
+    (q [N, K], int8), or in groups of in-channels (q [N*K/G, G] in -8..7, XNNPACK's qb4w)."""
+
+    q: torch.fx.Node
+    scales: torch.fx.Node
+    zero_point: Optional[torch.fx.Node]
+    shape: tuple[int, int]  # (N, K) of the float weight
+    grouped: bool
+
+
+def quantized_weight(w: Any) -> Optional[QuantizedWeight]:
+    """The weight of permute(W, [1, 0]) for W = dequantize_per_channel(q, s, zp=0|None, axis 0, int8)
+    (per channel), or W = view(that, [N, K]) for grouped 4-bit q (docs/quantized-llm.md)."""
     if not isinstance(w, torch.fx.Node) or w.target is not aten.permute.default or list(w.args[1]) != [1, 0]:
         return None
-    dq = w.args[0]
+    src = w.args[0]
+    view = src if isinstance(src, torch.fx.Node) and src.target is aten.view.default else None
+    dq = view.args[0] if view is not None else src
     if not isinstance(dq, torch.fx.Node) or dq.target is not qd.dequantize_per_channel.default:
         return None
     q, scales, zero, axis, lo, hi, dtype = dq.args[:7]
-    if axis != 0 or dtype != torch.int8 or lo < -128 or hi > 127:
+    if axis != 0 or dtype != torch.int8 or (zero is not None and not isinstance(zero, torch.fx.Node)):
         return None
-    if zero is not None and not isinstance(zero, torch.fx.Node):
+    shape = tuple(int(d) for d in _val(w).shape[::-1])
+    if view is None:
+        return QuantizedWeight(q, scales, zero, shape, False) if lo >= -128 and hi <= 127 else None
+    group = int(_val(dq).shape[1])
+    n, k = shape
+    if lo < -8 or hi > 7 or group % QB4W_BLOCK or k % group or _val(dq).shape[0] * group != n * k:
         return None
-    return q, scales
+    return QuantizedWeight(q, scales, zero, shape, True)
 
 
-def qd8_linear(x: Any, w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
-    src, weight = per_token_round_trip(x), per_channel_weight(w)
-    return None if src is None or weight is None else (src, *weight)
+def qd8_linear(x: Any, w: Any) -> Optional[tuple[torch.fx.Node, QuantizedWeight]]:
+    """(the float activations, the weight) of a dynamically quantized linear: qd8 x qc8w or qd8 x qb4w."""
+    src, weight = per_token_round_trip(x), quantized_weight(w)
+    return None if src is None or weight is None else (src, weight)
 
 
 def _addmm(node: torch.fx.Node, g: GraphBuilder) -> None:
@@ -677,8 +720,10 @@ def _qd8_part_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
     """A node of the qd8 x qc8w linear form, every use of which is such a linear: XNNPACK does the
     activation round trip itself (Convert to qdint8) and keeps the int8 weight."""
     if node.target is qd.dequantize_per_channel.default:
-        return all(u.target is aten.permute.default and per_channel_weight(u) is not None
-                   and all(_is_qd8_matmul(m) for m in u.users) for u in node.users)
+        # Read by the weight's permute, or for groups by the view before it.
+        permutes = [p for u in node.users for p in (u.users if u.target is aten.view.default else [u])]
+        return bool(permutes) and all(p.target is aten.permute.default and quantized_weight(p) is not None
+                                      and all(_is_qd8_matmul(m) for m in p.users) for p in permutes)
     if node.target is qd.choose_qparams_per_token_asymmetric.default:
         return all(u.target is operator.getitem and all(_qd8_part_ok(v, is_const) for v in u.users)
                    for u in node.users)
