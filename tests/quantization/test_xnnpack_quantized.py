@@ -62,6 +62,11 @@ def linear_count(converted: torch.fx.GraphModule) -> int:
                for n in converted.graph.nodes)
 
 
+def run_ours(prog, x: torch.Tensor) -> np.ndarray:
+    out = Module(prog.buffer).forward(x.numpy())
+    return np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
+
+
 def close_to_torch(got: np.ndarray, want: np.ndarray) -> None:
     # XNNPACK picks each token's scale itself; a step of int8 rounding apart is still the same result.
     np.testing.assert_allclose(got, want, atol=0.02 * float(np.abs(want).max()) + 1e-6, rtol=0)
@@ -99,3 +104,38 @@ def test_executorch_runs_the_same_programs():
             # The same XNNPACK arithmetic on both sides: equal up to float summation order.
             np.testing.assert_allclose(ours, theirs, atol=1e-4 * float(np.abs(theirs).max()) + 1e-6, rtol=0)
             close_to_torch(theirs, converted(x).detach().numpy())
+
+
+# ---------------------------------------------------------------- 8da4w linears (export-llm's quantize modes)
+
+
+@lru_cache(maxsize=None)
+def lowered_8da4w():
+    """An MLP with export-llm's 8da4w linears (int8 per-token activations, int4 groups of 32)
+    in the rows-first form export-llm --backend xnnpack writes: (model, input, program)."""
+    from execupy.llm.export.quantize import quantize_linears
+    from execupy.llm.export.xnnpack_linears import xnnpack_linear_forms
+
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 96, bias=False),
+                                torch.nn.Linear(96, 10))
+    xnnpack_linear_forms(quantize_linears(model, "8da4w", group_size=32))
+    x = torch.randn(1, 5, 128)
+    prog = to_edge_transform_and_lower(export(model, (x,)), partitioner=[XnnpackPartitioner()]).to_executorch()
+    return model, x, prog
+
+
+def test_8da4w_linears_become_qd8_qb4w_fully_connected_and_match_torch():
+    model, x, prog = lowered_8da4w()
+    assert node_datatypes(prog) == [("FullyConnected", "qdint8", "qbint4")] * 3
+    got = run_ours(prog, x)
+    # XNNPACK keeps the block scales in bf16: a relative change of at most 2^-9 per weight.
+    close_to_torch(got, model(x).detach().numpy())
+
+
+@pytest.mark.reference
+def test_executorch_runs_the_8da4w_program_as_we_do():
+    model, x, prog = lowered_8da4w()
+    (theirs,) = reference.run_reference(prog.buffer, [x.numpy()])[0]
+    ours = run_ours(prog, x)
+    np.testing.assert_allclose(ours, theirs, atol=1e-4 * float(np.abs(theirs).max()) + 1e-6, rtol=0)
