@@ -101,3 +101,27 @@ def test_executorch_text_llm_runner_generates_our_greedy_tokens(exported):
 
 def printable(text: bytes) -> bytes:
     return bytes(b for b in text if 0x20 <= b < 0x7F or b in b"\t\n")
+
+
+def test_gguf_q4_1_linears_are_quantized_again_symmetric_with_a_warning(tmp_path):
+    """XNNPACK's 4-bit filters are symmetric: Q4_1 blocks (with a minimum) cannot be kept as
+    they are, Q4_0 blocks can. Every linear still becomes a qd8 x qb4w node."""
+    import gguf
+
+    from execupy.llm.export import export_llm
+    from execupy.llm.export.quantize import QuantizationWarning
+    from tests.llm import tiny
+
+    q = gguf.GGMLQuantizationType
+    w = tiny.random_llama_weights(seed=1, tied=True)
+    linears = [n for n in tiny._gguf_llama_tensors(w) if n.startswith("blk.") and n.endswith("weight")
+               and "norm" not in n]
+    qtypes = {n: q.Q4_1 for n in linears}
+    qtypes.update({"token_embd.weight": q.Q8_0, "blk.0.attn_q.weight": q.Q4_0})
+    path = tiny.write_gguf(tmp_path / "tiny.gguf", "llama", w, qtypes=qtypes)
+    with pytest.warns(QuantizationWarning, match=r"--backend xnnpack: (\d+) linears kept GGUF Q4_1") as record:
+        result = export_llm(path, tmp_path / "tiny.pte", max_seq_len=32, backend="xnnpack", quantize="8da4w",
+                            group_size=32)
+    message = next(str(r.message) for r in record if "Q4_1" in str(r.message))
+    assert message.split(":")[1].split()[0] == str(len(linears) - 1)
+    assert fully_connected_datatypes(result.pte_path) == [("qdint8", "qbint4")] * (len(linears) + 1)

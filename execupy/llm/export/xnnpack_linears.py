@@ -8,7 +8,9 @@ the same weight and activation round trip are multiplied as ``F.linear(rows', W)
 
 XNNPACK's 4-bit blockwise filters are symmetric (value - 8) with bf16 block scales. A linear
 that keeps a GGUF file's Q4_1 blocks (a float minimum per block) has no such form: it is
-quantized again, symmetrically, from its values, and a warning says what that changed.
+quantized again, symmetrically (on bf16 scales, so the delegate computes exactly that
+weight), from its values, and a warning says what that changed. ExecuTorch's own export of
+such a file quantizes its dequantized values the same way.
 Weight-only modes (int8, int4) and GGUF types other than 4-bit keep the portable form.
 """
 from __future__ import annotations
@@ -53,10 +55,14 @@ def xnnpack_form(form: nn.Module) -> Optional[str]:
 
 
 def symmetric_blocks(form: DequantizedWeight) -> tuple[DequantizedWeight, float, float]:
-    """Q4_1 blocks quantized again as symmetric int4 groups of the same size, from their values:
-    (the form, largest absolute change, RMS change)."""
+    """Q4_1 blocks quantized again as symmetric int4 groups of the same size, from their values,
+    on scales XNNPACK holds exactly (bf16): (the form, largest absolute change, RMS change)."""
     w = form().detach()
-    again = grouped(w, 4, form.q.shape[1])
+    rows, group = form.q.shape
+    blocks = w.reshape(rows, group)
+    scales = grouped(w, 4, group).scales.to(torch.bfloat16).float()
+    q = torch.clamp(torch.round(blocks / scales[:, None]), -8, 7).to(torch.int8)
+    again = DequantizedWeight(q, scales, -8, 7, form.shape)
     diff = again().detach() - w
     return again, float(diff.abs().max()), float(diff.pow(2).mean().sqrt())
 
