@@ -52,6 +52,8 @@ class GraphBuilder:
         self.num_inputs = 0
         # Static int8: the (scale, zero point) each such node's result is stored with (qint8).
         self.static: dict[torch.fx.Node, tuple[float, int]] = {}
+        # The float type ("fp32" or "fp16") of the node being lowered: its temporaries and constants.
+        self.float_type = "fp32"
         self.debug_handle = NO_DEBUG_HANDLE  # of the fx node being lowered: its XNNPACK nodes carry it
 
     # -- values
@@ -64,15 +66,16 @@ class GraphBuilder:
             self.graph.values[self.ids[node]].external_id = self.num_inputs
             self.graph.values[self.ids[node]].flags = EXTERNAL_INPUT
         else:
-            self.ids[node] = self.graph.add_value(XValue("fp32", _dims(node), external_id=self.num_inputs,
+            self.ids[node] = self.graph.add_value(XValue(_float_type(node), _dims(node), external_id=self.num_inputs,
                                                          flags=EXTERNAL_INPUT))
         self.graph.input_ids.append(self.ids[node])
         self.num_inputs += 1
 
     def constant(self, data: np.ndarray) -> int:
-        data = np.ascontiguousarray(data, dtype=np.float32)
+        """A float constant, stored in the float type of the node being lowered."""
+        data = np.ascontiguousarray(data, dtype=np.float16 if self.float_type == "fp16" else np.float32)
         idx = self.graph.add_constant(data)
-        return self.graph.add_value(XValue("fp32", list(data.shape) or [1], constant_buffer_idx=idx))
+        return self.graph.add_value(XValue(self.float_type, list(data.shape) or [1], constant_buffer_idx=idx))
 
     def value(self, arg: Any) -> int:
         """The value id of an operand: a runtime value, a constant (as laid out in torch) or a number.
@@ -143,7 +146,7 @@ class GraphBuilder:
         """An internal value; stored as `like`'s result is (qint8 for a static int8 node)."""
         if like in self.static:
             return self.quantized_temp(dims, self.static[like])
-        return self.graph.add_value(XValue("fp32", list(dims)))
+        return self.graph.add_value(XValue(self.float_type, list(dims)))
 
     def result(self, node: torch.fx.Node, dims: Optional[list[int]] = None) -> int:
         """Define the value a node computes (external when the subgraph returns it)."""
@@ -152,7 +155,7 @@ class GraphBuilder:
             scale, zero = self.static[node]
             value = XValue("qint8", list(dims), quant=(PER_TENSOR, [(0, "Float32", scale), (1, "Int32", zero)]))
         else:
-            value = XValue("fp32", dims)
+            value = XValue(_float_type(node), dims)
         if node in self.output_index:
             value.external_id, value.flags = self.num_inputs + self.output_index[node], EXTERNAL_OUTPUT
         self.ids[node] = self.graph.add_value(value)
@@ -197,6 +200,12 @@ class GraphBuilder:
 
 def _floats(v: Any) -> np.ndarray:
     return (v.detach().float().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)).astype(np.float32).reshape(-1)
+
+
+def _float_type(node: torch.fx.Node) -> str:
+    val = node.meta.get("val")
+    val = val[0] if isinstance(val, (list, tuple)) and val else val
+    return "fp16" if isinstance(val, torch.Tensor) and val.dtype == torch.float16 else "fp32"
 
 
 def _dims(node: torch.fx.Node) -> list[int]:
@@ -757,6 +766,17 @@ DYNAMIC_OK = {aten.addmm.default, aten.mm.default, aten.linear.default, aten.add
               aten.ceil.default, aten.pow.Tensor_Scalar}
 
 
+# Ops XNNPACK runs in fp16 as well (every value of the node float16; ExecuTorch delegates these).
+FP16_OPS = {aten.addmm.default, aten.mm.default, aten.linear.default, aten.add.Tensor, aten.sub.Tensor,
+            aten.mul.Tensor, aten.div.Tensor, aten.relu.default, aten.hardtanh.default, aten.clamp.default,
+            aten.sigmoid.default, aten.tanh.default, aten.permute.default, aten.view.default,
+            aten._unsafe_view.default, aten.squeeze.dims, aten.unsqueeze.default, aten.cat.default}
+
+
+def _fp16(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float16 and 1 <= v.dim() <= MAX_DIMS
+
+
 def _fp32(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and 1 <= v.dim() <= MAX_DIMS
 
@@ -796,7 +816,7 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
     out = node.meta.get("val")
     out = out[0] if node.target in TUPLE_OPS else out
     values = [out] + [a.meta.get("val") for a in node.all_input_nodes]
-    if not all(_fp32(v) for v in values):
+    if not all(_fp32(v) for v in values) and not (node.target in FP16_OPS and all(_fp16(v) for v in values)):
         return False
     if not all(_static(v) for v in values) and not _dynamic_ok(node, is_const):
         return False
@@ -983,6 +1003,7 @@ def build_graph(gm: torch.fx.GraphModule) -> XGraph:
         if node.op != "call_function" or node in consts or node.target is operator.getitem or node.target in QD8_PARTS:
             continue
         g.debug_handle = node.meta.get("debug_handle") or NO_DEBUG_HANDLE
+        g.float_type = _float_type(node)
         if node.target is qd.quantize_per_tensor.default:
             _quantize(node, g)
             continue
