@@ -112,8 +112,8 @@ def test_executorch_runs_the_same_programs():
     for name in NAMES:
         converted, x, prog = lowered(name)
         # The same XNNPACK arithmetic on both sides: equal up to float summation order.
-        np.testing.assert_allclose(run_ours(prog, x), theirs[name], atol=1e-4 * float(np.abs(theirs[name]).max()) + 1e-6,
-                                   rtol=0)
+        scale = float(np.abs(theirs[name]).max())
+        np.testing.assert_allclose(run_ours(prog, x), theirs[name], atol=1e-4 * scale + 1e-6, rtol=0)
         close_to_torch(theirs[name], converted(x).detach().numpy())
 
 

@@ -1,4 +1,4 @@
-"""Turn a delegated fx subgraph into an XNNGraph (fp32), one aten op at a time.
+"""Turn a delegated fx subgraph into an XNNGraph (fp32, fp16, qd8/qs8; docs/xnnpack-export.md), one aten op at a time.
 
 `OPS` is the table both halves use: the partitioner asks `supported(node)` (its check),
 preprocess calls its emitter. Emitters add XNNPACK nodes through `GraphBuilder`, which
@@ -382,7 +382,9 @@ def static_conv_weight(w: Any) -> Optional[QuantizedWeight]:
     if not isinstance(w, torch.fx.Node) or w.target is not qd.dequantize_per_channel.default:
         return None
     q, scales, zero, axis, lo, hi, dtype = w.args[:7]
-    if axis != 0 or dtype != torch.int8 or lo < -128 or hi > 127 or (zero is not None and not isinstance(zero, torch.fx.Node)):
+    if axis != 0 or dtype != torch.int8 or lo < -128 or hi > 127:
+        return None
+    if zero is not None and not isinstance(zero, torch.fx.Node):
         return None
     return QuantizedWeight(q, scales, zero, (0, 0), False)
 
@@ -802,7 +804,8 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
     if node.target is qd.quantize_per_tensor.default:
         return _per_tensor(node, node.target) is not None and _fp32(_val(node.args[0]))
     if node.target is qd.dequantize_per_tensor.default:
-        return _per_tensor(node, node.target) is not None and _per_tensor(node.args[0], qd.quantize_per_tensor.default) is not None
+        return (_per_tensor(node, node.target) is not None
+                and _per_tensor(node.args[0], qd.quantize_per_tensor.default) is not None)
     if node.target in OPS and is_static(node):
         return _static_ok(node, is_const)
     if node.target is operator.getitem and node.args[0].target is qd.choose_qparams_per_token_asymmetric.default:

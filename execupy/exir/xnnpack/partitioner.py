@@ -1,4 +1,5 @@
-"""XnnpackPartitioner: hand the fp32 ops XNNPACK runs to ExecuTorch's XnnpackBackend.
+"""XnnpackPartitioner: hand the ops XNNPACK runs (fp32, fp16, and int8 from our pt2e quantizer
+or export-llm's quantize modes; docs/xnnpack-export.md) to ExecuTorch's XnnpackBackend.
 
     from execupy.exir import to_edge_transform_and_lower
     from execupy.exir.xnnpack import XnnpackPartitioner
