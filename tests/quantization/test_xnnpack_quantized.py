@@ -38,13 +38,13 @@ ALL_LINEARS_QD8 = [n for n in NAMES if n != "transformer_encoder"]
 
 
 @lru_cache(maxsize=None)
-def lowered(name: str, dynamic: bool = True):
-    """(torch's converted model, input, program): int8 with per-channel weights, activations
-    per token at run time (dynamic) or per tensor, calibrated (static)."""
+def lowered(name: str, dynamic: bool = True, per_channel: bool = True):
+    """(torch's converted model, input, program): int8 weights (a scale per channel or one per
+    tensor), activations per token at run time (dynamic) or per tensor, calibrated (static)."""
     model = next(m for m in MODELS if m.name == name)
     torch.manual_seed(1)
     x = torch.randn(*model.input_shape)
-    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
+    config = get_symmetric_quantization_config(is_per_channel=per_channel, is_dynamic=dynamic)
     quantizer = XNNPACKQuantizer().set_global(config)
     prepared = prepare_pt2e(export(build(model), (x,)).module(), quantizer)
     prepared(x)
@@ -136,9 +136,10 @@ def output_step(converted: torch.fx.GraphModule) -> float:
     return float(dq[-1].args[1])
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "per_tensor"])
 @pytest.mark.parametrize("name", NAMES)
-def test_static_int8_layers_become_qs8_nodes_and_match_torch(name):
-    converted, x, prog = lowered(name, dynamic=False)
+def test_static_int8_layers_become_qs8_nodes_and_match_torch(name, per_channel):
+    converted, x, prog = lowered(name, dynamic=False, per_channel=per_channel)
     qs8 = [n for n in node_datatypes(prog, QS8_KINDS) if n[1:] == ("qint8", "qcint8")]
     assert len(qs8) == layer_count(converted) if name in ALL_LAYERS_QS8 else len(qs8) >= 1
     # XNNPACK's requantization rounds like torch's quantize: at most one step apart.
@@ -147,10 +148,12 @@ def test_static_int8_layers_become_qs8_nodes_and_match_torch(name):
 
 
 @pytest.mark.reference
-def test_executorch_runs_the_same_static_int8_programs():
-    theirs = executorch_outputs({name: lowered(name, dynamic=False)[2:0:-1] for name in NAMES})
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "per_tensor"])
+def test_executorch_runs_the_same_static_int8_programs(per_channel):
+    theirs = executorch_outputs({name: lowered(name, dynamic=False, per_channel=per_channel)[2:0:-1] for name in NAMES})
     for name in NAMES:
-        converted, x, prog = lowered(name, dynamic=False)
+        converted, x, prog = lowered(name, dynamic=False, per_channel=per_channel)
+        # The same integer arithmetic; a value on a rounding boundary may land one step apart.
         np.testing.assert_allclose(run_ours(prog, x), theirs[name], atol=1.01 * output_step(converted), rtol=0)
 
 

@@ -140,7 +140,13 @@ class GraphBuilder:
                               "symmetric)")
         if weight.grouped:
             return self.blockwise_filter(self.constants[weight.q], self.constants[weight.scales], weight.shape)
-        return self.per_channel_filter(self.constants[weight.q], self.constants[weight.scales])
+        return self.per_channel_filter(self.constants[weight.q], self.weight_scales(weight))
+
+    def weight_scales(self, weight: "QuantizedWeight") -> torch.Tensor:
+        """One scale per output channel (a per-tensor scale repeated)."""
+        if isinstance(weight.scales, float):
+            return torch.full((int(self.constants[weight.q].shape[0]),), weight.scales)
+        return self.constants[weight.scales]
 
     def temp(self, dims: list[int], like: Optional[torch.fx.Node] = None) -> int:
         """An internal value; stored as `like`'s result is (qint8 for a static int8 node)."""
@@ -273,7 +279,7 @@ def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias
     if static is not None:
         x_scale = int8_input(x)[0]
         filt = g.quantized_filter(static)
-        bias_id = g.static_bias(bias, x_scale, g.constants[static.scales])
+        bias_id = g.static_bias(bias, x_scale, g.weight_scales(static))
         g.add("FullyConnected", input1_id=g.value(x), filter_id=filt, bias_id=bias_id, output_id=g.result(node))
         return
     quantized = qd8_linear(x, w)
@@ -333,10 +339,27 @@ class QuantizedWeight:
     (q [N, K], int8), or in groups of in-channels (q [N*K/G, G] in -8..7, XNNPACK's qb4w)."""
 
     q: torch.fx.Node
-    scales: torch.fx.Node
+    scales: Any  # a node of scales, or one number for the whole tensor (dequantize_per_tensor)
     zero_point: Optional[torch.fx.Node]
     shape: tuple[int, int]  # (N, K) of the float weight
     grouped: bool
+
+
+def weight_dequantize(dq: Any) -> Optional[tuple]:
+    """(q, scales, zero point node or None, quant_min, quant_max) of dequantize_per_channel(q, s, zp, axis 0,
+    int8), or of dequantize_per_tensor(q, scale, 0, int8) (one scale: per-channel ones all equal)."""
+    if not isinstance(dq, torch.fx.Node):
+        return None
+    if dq.target is qd.dequantize_per_tensor.default:
+        q, scale, zero, lo, hi, dtype = dq.args[:6]
+        ok = isinstance(scale, float) and zero == 0 and dtype == torch.int8 and isinstance(q, torch.fx.Node)
+        return (q, scale, None, lo, hi) if ok else None
+    if dq.target is not qd.dequantize_per_channel.default:
+        return None
+    q, scales, zero, axis, lo, hi, dtype = dq.args[:7]
+    if axis != 0 or dtype != torch.int8 or (zero is not None and not isinstance(zero, torch.fx.Node)):
+        return None
+    return q, scales, zero, lo, hi
 
 
 def quantized_weight(w: Any) -> Optional[QuantizedWeight]:
@@ -347,11 +370,10 @@ def quantized_weight(w: Any) -> Optional[QuantizedWeight]:
     src = w.args[0]
     view = src if isinstance(src, torch.fx.Node) and src.target is aten.view.default else None
     dq = view.args[0] if view is not None else src
-    if not isinstance(dq, torch.fx.Node) or dq.target is not qd.dequantize_per_channel.default:
+    parts = weight_dequantize(dq)
+    if parts is None or (view is not None and dq.target is not qd.dequantize_per_channel.default):
         return None
-    q, scales, zero, axis, lo, hi, dtype = dq.args[:7]
-    if axis != 0 or dtype != torch.int8 or (zero is not None and not isinstance(zero, torch.fx.Node)):
-        return None
+    q, scales, zero, lo, hi = parts
     shape = tuple(int(d) for d in _val(w).shape[::-1])
     if view is None:
         return QuantizedWeight(q, scales, zero, shape, False) if lo >= -128 and hi <= 127 else None
@@ -378,14 +400,11 @@ def int8_input(x: Any) -> Optional[tuple[float, int]]:
 
 
 def static_conv_weight(w: Any) -> Optional[QuantizedWeight]:
-    """dequantize_per_channel(q, s, zp=0|None, axis 0, int8) as a convolution's weight."""
-    if not isinstance(w, torch.fx.Node) or w.target is not qd.dequantize_per_channel.default:
+    """An int8 weight_dequantize as a convolution's weight."""
+    parts = weight_dequantize(w)
+    if parts is None or parts[3] < -128 or parts[4] > 127:
         return None
-    q, scales, zero, axis, lo, hi, dtype = w.args[:7]
-    if axis != 0 or dtype != torch.int8 or lo < -128 or hi > 127:
-        return None
-    if zero is not None and not isinstance(zero, torch.fx.Node):
-        return None
+    q, scales, zero = parts[:3]
     return QuantizedWeight(q, scales, zero, (0, 0), False)
 
 
@@ -446,9 +465,10 @@ def _convolution(node: torch.fx.Node, g: GraphBuilder) -> None:
     depthwise = group_in == 1 and group_out % group_in == 0 and not transposed
     kind = "DepthwiseConv2d" if depthwise else "ConvTranspose2d" if transposed else "Conv2d"
     if static:  # int8 values, one scale per output channel (the last dim of a depthwise filter)
-        filt = g.per_channel_filter(_conv_filter(weight, False, depthwise, groups), g.constants[static.scales],
+        scales = g.weight_scales(static)
+        filt = g.per_channel_filter(_conv_filter(weight, False, depthwise, groups), scales,
                                     channel_dim=3 if depthwise else 0)
-        bias_id = g.static_bias(bias, _per_tensor(x, qd.dequantize_per_tensor.default)[0], g.constants[static.scales])
+        bias_id = g.static_bias(bias, _per_tensor(x, qd.dequantize_per_tensor.default)[0], scales)
     else:
         filt = g.constant(_conv_filter(weight, transposed, depthwise, groups))
         bias_id = NO_VALUE if bias is None else g.constant(g.constants[bias].detach().float().numpy())
@@ -803,6 +823,8 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
         return _qd8_part_ok(node, is_const)
     if node.target is qd.quantize_per_tensor.default:
         return _per_tensor(node, node.target) is not None and _fp32(_val(node.args[0]))
+    if node.target is qd.dequantize_per_tensor.default and _per_tensor(node, node.target) is None:
+        return is_const(node.args[0]) and _qd8_part_ok(node, is_const)  # a weight's
     if node.target is qd.dequantize_per_tensor.default:
         return (_per_tensor(node, node.target) is not None
                 and _per_tensor(node.args[0], qd.quantize_per_tensor.default) is not None)
@@ -948,7 +970,7 @@ QD8_PARTS = {qd.choose_qparams_per_token_asymmetric.default, qd.quantize_per_tok
 def _qd8_part_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
     """A node of the qd8 x qc8w linear form, every use of which is such a linear: XNNPACK does the
     activation round trip itself (Convert to qdint8) and keeps the int8 weight."""
-    if node.target is qd.dequantize_per_channel.default:
+    if node.target in (qd.dequantize_per_channel.default, qd.dequantize_per_tensor.default):
         # Read by the weight's permute (for groups through a view), or by a static int8 convolution.
         if node.users and all(u.target is aten.convolution.default and u.args[1] is node and is_static(u)
                               and _static_ok(u, is_const) for u in node.users):
