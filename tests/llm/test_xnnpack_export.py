@@ -15,6 +15,7 @@ import pytest
 from execupy.backends.xnnpack.schema import read_payload
 from execupy.devtools.delegation import get_delegation_info
 from execupy.runtime import Program
+from tests.et_llm import reference_greedy
 from tests.llm.test_export_runner import _write_tiny_model
 from tests.reference import reference_python
 
@@ -89,6 +90,8 @@ def test_executorch_text_llm_runner_generates_our_greedy_tokens(exported):
     line = next(ln for ln in (ours.stdout + ours.stderr).splitlines() if ln.startswith('{"prompt_ids"'))
     ids = json.loads(line)["generated_ids"]
     assert len(ids) == NEW_TOKENS
+    # Token by token in ExecuTorch's runtime (the runner prints text only): the same ids.
+    assert reference_greedy(exported, json.loads(line)["prompt_ids"], NEW_TOKENS, eos_ids=[]) == ids
     from execupy.llm.runner import LLMRunner
 
     tok = LLMRunner(exported).tokenizer
