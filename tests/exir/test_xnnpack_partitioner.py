@@ -74,6 +74,18 @@ def test_an_mlp_is_one_delegate_and_keeps_its_weights_in_named_data():
     assert len(prog.buffer) < sum(w.numel() * 4 for w in weights) * 1.5 + 4096
 
 
+def test_a_float16_mlp_is_one_fp16_delegate():
+    case, model, args, _, prog = lowered("float16_mlp")
+    program = Program.load(prog.buffer)
+    assert program.method_meta("forward").backends == ["XnnpackBackend"]
+    (delegate,) = program.program.execution_plan[0].delegates
+    graph = read_payload(program.delegate_payload(delegate.processed))
+    assert [n.kind for n in graph.nodes] == ["FullyConnected", "Clamp", "FullyConnected"]
+    assert {v.datatype for v in graph.values} == {"fp16"}  # weights too: no float32 copy of them
+    got = Module(prog.buffer).forward(*[to_numpy(a) for a in args])
+    assert_same(got, eager_outputs(model, args, 1)[0], case)
+
+
 @pytest.mark.parametrize("name", ["mlp_activations", "cnn_bn_pool", "depthwise_separable", "conv_variants",
                                   "pooling_variants", "interpolate_bilinear", "gpt2_block", "llama_block",
                                   "kv_cache_attention"])

@@ -1,4 +1,4 @@
-"""Turn a delegated fx subgraph into an XNNGraph (fp32), one aten op at a time.
+"""Turn a delegated fx subgraph into an XNNGraph (fp32, fp16, qd8/qs8; docs/xnnpack-export.md), one aten op at a time.
 
 `OPS` is the table both halves use: the partitioner asks `supported(node)` (its check),
 preprocess calls its emitter. Emitters add XNNPACK nodes through `GraphBuilder`, which
@@ -30,7 +30,9 @@ MAX_DIMS = 6  # XNN_MAX_TENSOR_DIMS
 KEEP_DIMS = 0x40
 ALIGN_CORNERS = 0x8
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
-PER_CHANNEL, PER_TOKEN = 1, 3  # XNNQuantParams tags
+PER_CHANNEL, PER_TENSOR, PER_TOKEN, PER_CHANNEL_GROUP = 1, 2, 3, 4  # XNNQuantParams tags
+QB4W_ZERO_POINT = 8  # XNNPACK stores 4-bit filter values unsigned, around 8
+QB4W_BLOCK = 32  # XNNPACK's blockwise filters take groups of a multiple of 32 input channels
 qd = torch.ops.quantized_decomposed
 
 IsConst = Callable[[Any], bool]
@@ -48,23 +50,38 @@ class GraphBuilder:
         self.ids: dict[torch.fx.Node, int] = {}
         self.output_index = {n: i for i, n in enumerate(outputs)}
         self.num_inputs = 0
+        # Static int8: the (scale, zero point) each such node's result is stored with (qint8).
+        self.static: dict[torch.fx.Node, tuple[float, int]] = {}
+        # The float type ("fp32" or "fp16") of the node being lowered: its temporaries and constants.
+        self.float_type = "fp32"
         self.debug_handle = NO_DEBUG_HANDLE  # of the fx node being lowered: its XNNPACK nodes carry it
 
     # -- values
 
     def input(self, node: torch.fx.Node) -> None:
-        self.ids[node] = self.graph.add_value(XValue("fp32", _dims(node), external_id=self.num_inputs,
-                                                     flags=EXTERNAL_INPUT))
+        """A subgraph input: float, or the int8 values of a static quantize another delegate computed."""
+        params = next((p for u in node.users if (p := _per_tensor(u, qd.dequantize_per_tensor.default))), None)
+        if params is not None and _val(node) is not None and _val(node).dtype == torch.int8:
+            self.ids[node] = self.quantized_temp(_dims(node), params)
+            self.graph.values[self.ids[node]].external_id = self.num_inputs
+            self.graph.values[self.ids[node]].flags = EXTERNAL_INPUT
+        else:
+            self.ids[node] = self.graph.add_value(XValue(_float_type(node), _dims(node), external_id=self.num_inputs,
+                                                         flags=EXTERNAL_INPUT))
         self.graph.input_ids.append(self.ids[node])
         self.num_inputs += 1
 
     def constant(self, data: np.ndarray) -> int:
-        data = np.ascontiguousarray(data, dtype=np.float32)
+        """A float constant, stored in the float type of the node being lowered."""
+        data = np.ascontiguousarray(data, dtype=np.float16 if self.float_type == "fp16" else np.float32)
         idx = self.graph.add_constant(data)
-        return self.graph.add_value(XValue("fp32", list(data.shape) or [1], constant_buffer_idx=idx))
+        return self.graph.add_value(XValue(self.float_type, list(data.shape) or [1], constant_buffer_idx=idx))
 
     def value(self, arg: Any) -> int:
-        """The value id of an operand: a runtime value, a constant (as laid out in torch) or a number."""
+        """The value id of an operand: a runtime value, a constant (as laid out in torch) or a number.
+        A static int8 dequantize is its quantized input itself (the reader runs on qint8)."""
+        if _per_tensor(arg, qd.dequantize_per_tensor.default) is not None:
+            return self.ids[arg.args[0]]
         if isinstance(arg, torch.fx.Node):
             if arg not in self.ids:
                 if arg not in self.constants:
@@ -79,18 +96,72 @@ class GraphBuilder:
         self.add("Convert", input_id=src, output_id=out, flags=0)
         return out
 
-    def per_channel_filter(self, q: torch.Tensor, scales: torch.Tensor) -> int:
-        """An int8 [out, in] filter with one scale per output channel (qcint8)."""
-        idx = self.graph.add_constant(q.detach().numpy().astype(np.int8))
-        quant = (PER_CHANNEL, [(0, "floats", scales.detach().float().numpy()), (1, "Int32", 0)])
+    def per_channel_filter(self, q: Any, scales: Any, channel_dim: int = 0) -> int:
+        """An int8 filter ([out, in], or a convolution's) with one scale per output channel (qcint8)."""
+        q = q.detach().numpy() if isinstance(q, torch.Tensor) else q
+        idx = self.graph.add_constant(np.ascontiguousarray(q).astype(np.int8))
+        quant = (PER_CHANNEL, [(0, "floats", _floats(scales)), (1, "Int32", channel_dim)])
         return self.graph.add_value(XValue("qcint8", [int(d) for d in q.shape], constant_buffer_idx=idx, quant=quant))
 
-    def temp(self, dims: list[int]) -> int:
-        return self.graph.add_value(XValue("fp32", list(dims)))
+    def static_bias(self, bias: Any, x_scale: float, w_scales: torch.Tensor) -> int:
+        """A float bias as XNNPACK's int32 one (qcint32), on the accumulator's scales x_scale * w_scale[c]."""
+        if bias is None:
+            return NO_VALUE
+        scales = (np.float32(x_scale) * _floats(w_scales)).astype(np.float32)
+        b = self.constants[bias].detach().double().numpy()
+        q = np.clip(np.round(b / scales.astype(np.float64)), -2 ** 31, 2 ** 31 - 1).astype(np.int32)
+        idx = self.graph.add_constant(q)
+        quant = (PER_CHANNEL, [(0, "floats", scales), (1, "Int32", 0)])
+        return self.graph.add_value(XValue("qcint32", [int(q.size)], constant_buffer_idx=idx, quant=quant))
+
+    def quantized_temp(self, dims: list[int], params: tuple[float, int]) -> int:
+        scale, zero = params
+        quant = (PER_TENSOR, [(0, "Float32", scale), (1, "Int32", zero)])
+        return self.graph.add_value(XValue("qint8", list(dims), quant=quant))
+
+    def blockwise_filter(self, q: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]) -> int:
+        """A 4-bit [out, in] filter with one scale per group of in-channels (qbint4): the values
+        stored unsigned (q + 8) two per byte, even columns in the low nibble; the scales bf16,
+        in named data under "scale_" + their SHA-256 (what ExecuTorch writes)."""
+        n, k = shape
+        u = (q.detach().to(torch.int16).reshape(n, k) + QB4W_ZERO_POINT).to(torch.uint8).numpy()
+        idx = self.graph.add_constant(u[:, 0::2] | (u[:, 1::2] << 4))
+        bf16 = scales.detach().float().to(torch.bfloat16).contiguous().view(torch.int16).numpy()
+        scale_idx = self.graph.add_constant(bf16, prefix="scale_")
+        group = k * n // bf16.size
+        quant = (PER_CHANNEL_GROUP, [(0, "floats", []), (1, "Int32", 0), (2, "Int32", group),
+                                     (4, "Uint32", scale_idx), (5, "Uint32", bf16.size)])
+        return self.graph.add_value(XValue("qbint4", [n, k], constant_buffer_idx=idx, quant=quant))
+
+    def quantized_filter(self, weight: "QuantizedWeight") -> int:
+        zero = weight.zero_point
+        if zero is not None and bool(self.constants[zero].any()):
+            raise ExportError(f"XnnpackBackend: {zero.name}: nonzero weight zero points (XNNPACK's filters are "
+                              "symmetric)")
+        if weight.grouped:
+            return self.blockwise_filter(self.constants[weight.q], self.constants[weight.scales], weight.shape)
+        return self.per_channel_filter(self.constants[weight.q], self.weight_scales(weight))
+
+    def weight_scales(self, weight: "QuantizedWeight") -> torch.Tensor:
+        """One scale per output channel (a per-tensor scale repeated)."""
+        if isinstance(weight.scales, float):
+            return torch.full((int(self.constants[weight.q].shape[0]),), weight.scales)
+        return self.constants[weight.scales]
+
+    def temp(self, dims: list[int], like: Optional[torch.fx.Node] = None) -> int:
+        """An internal value; stored as `like`'s result is (qint8 for a static int8 node)."""
+        if like in self.static:
+            return self.quantized_temp(dims, self.static[like])
+        return self.graph.add_value(XValue(self.float_type, list(dims)))
 
     def result(self, node: torch.fx.Node, dims: Optional[list[int]] = None) -> int:
         """Define the value a node computes (external when the subgraph returns it)."""
-        value = XValue("fp32", _dims(node) if dims is None else dims)
+        dims = _dims(node) if dims is None else dims
+        if node in self.static:
+            scale, zero = self.static[node]
+            value = XValue("qint8", list(dims), quant=(PER_TENSOR, [(0, "Float32", scale), (1, "Int32", zero)]))
+        else:
+            value = XValue(_float_type(node), dims)
         if node in self.output_index:
             value.external_id, value.flags = self.num_inputs + self.output_index[node], EXTERNAL_OUTPUT
         self.ids[node] = self.graph.add_value(value)
@@ -106,14 +177,19 @@ class GraphBuilder:
     def add(self, kind: str, output_min: float = -math.inf, output_max: float = math.inf, **fields: Any) -> None:
         self.graph.nodes.append(XNode(kind, fields, output_min, output_max, self.debug_handle))
 
+    def like(self, src: int, dims: list[int]) -> int:
+        """A new internal value stored as value `src` is."""
+        v = self.graph.values[src]
+        return self.graph.add_value(XValue(v.datatype, list(dims), quant=v.quant))
+
     def transpose(self, src: int, perm: list[int], out: Optional[int] = None) -> int:
         if out is None:
-            out = self.temp([self.dims(src)[p] for p in perm])
+            out = self.like(src, [self.dims(src)[p] for p in perm])
         self.add("StaticTranspose", num_dims=len(perm), perm=perm, input_id=src, output_id=out)
         return out
 
     def reshape(self, src: int, dims: list[int], out: Optional[int] = None) -> int:
-        out = self.temp(dims) if out is None else out
+        out = self.like(src, dims) if out is None else out
         self.add("StaticReshape", num_dims=len(dims), new_shape=list(dims), input_id=src, output_id=out)
         return out
 
@@ -126,6 +202,16 @@ class GraphBuilder:
     def finish(self) -> XGraph:
         self.graph.num_externs = self.num_inputs + len(self.output_index)
         return self.graph
+
+
+def _floats(v: Any) -> np.ndarray:
+    return (v.detach().float().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)).astype(np.float32).reshape(-1)
+
+
+def _float_type(node: torch.fx.Node) -> str:
+    val = node.meta.get("val")
+    val = val[0] if isinstance(val, (list, tuple)) and val else val
+    return "fp16" if isinstance(val, torch.Tensor) and val.dtype == torch.float16 else "fp32"
 
 
 def _dims(node: torch.fx.Node) -> list[int]:
@@ -189,13 +275,17 @@ def _elu(node: torch.fx.Node, g: GraphBuilder) -> None:
 def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias: Any) -> None:
     """y = x @ w (+ bias), x [M, K], w [K, N]: FullyConnected when w is a constant, else a
     BatchMatrixMultiply of a batch of one."""
+    static = static_linear(x, w)
+    if static is not None:
+        x_scale = int8_input(x)[0]
+        filt = g.quantized_filter(static)
+        bias_id = g.static_bias(bias, x_scale, g.weight_scales(static))
+        g.add("FullyConnected", input1_id=g.value(x), filter_id=filt, bias_id=bias_id, output_id=g.result(node))
+        return
     quantized = qd8_linear(x, w)
     if quantized is not None:
-        src, q, scales = quantized
-        zero = w.args[0].args[2]
-        if zero is not None and bool(g.constants[zero].any()):
-            raise ExportError(f"XnnpackBackend: {w.args[0].name} has nonzero weight zero points (qc8w is symmetric)")
-        filt = g.per_channel_filter(g.constants[q], g.constants[scales])
+        src, weight = quantized
+        filt = g.quantized_filter(weight)
         bias_id = NO_VALUE
         fused_bias = bias is not None and bias in g.constants and g.constants[bias].dim() == 1
         if fused_bias:
@@ -243,24 +333,95 @@ def per_token_round_trip(x: Any) -> Optional[torch.fx.Node]:
     return src
 
 
-def per_channel_weight(w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node]]:
-    """(int8 values, scales) of permute(dequantize_per_channel(q, s, zp=0|None, axis 0, int8), [1, 0])."""
-    if not isinstance(w, torch.fx.Node) or w.target is not aten.permute.default or list(w.args[1]) != [1, 0]:
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """The constant int8 values and scales behind a matmul's float weight: per output channel
+    (q [N, K], int8), or in groups of in-channels (q [N*K/G, G] in -8..7, XNNPACK's qb4w)."""
+
+    q: torch.fx.Node
+    scales: Any  # a node of scales, or one number for the whole tensor (dequantize_per_tensor)
+    zero_point: Optional[torch.fx.Node]
+    shape: tuple[int, int]  # (N, K) of the float weight
+    grouped: bool
+
+
+def weight_dequantize(dq: Any) -> Optional[tuple]:
+    """(q, scales, zero point node or None, quant_min, quant_max) of dequantize_per_channel(q, s, zp, axis 0,
+    int8), or of dequantize_per_tensor(q, scale, 0, int8) (one scale: per-channel ones all equal)."""
+    if not isinstance(dq, torch.fx.Node):
         return None
-    dq = w.args[0]
-    if not isinstance(dq, torch.fx.Node) or dq.target is not qd.dequantize_per_channel.default:
+    if dq.target is qd.dequantize_per_tensor.default:
+        q, scale, zero, lo, hi, dtype = dq.args[:6]
+        ok = isinstance(scale, float) and zero == 0 and dtype == torch.int8 and isinstance(q, torch.fx.Node)
+        return (q, scale, None, lo, hi) if ok else None
+    if dq.target is not qd.dequantize_per_channel.default:
         return None
     q, scales, zero, axis, lo, hi, dtype = dq.args[:7]
-    if axis != 0 or dtype != torch.int8 or lo < -128 or hi > 127:
+    if axis != 0 or dtype != torch.int8 or (zero is not None and not isinstance(zero, torch.fx.Node)):
         return None
-    if zero is not None and not isinstance(zero, torch.fx.Node):
-        return None
-    return q, scales
+    return q, scales, zero, lo, hi
 
 
-def qd8_linear(x: Any, w: Any) -> Optional[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
-    src, weight = per_token_round_trip(x), per_channel_weight(w)
-    return None if src is None or weight is None else (src, *weight)
+def quantized_weight(w: Any) -> Optional[QuantizedWeight]:
+    """The weight of permute(W, [1, 0]) for W = dequantize_per_channel(q, s, zp=0|None, axis 0, int8)
+    (per channel), or W = view(that, [N, K]) for grouped 4-bit q (docs/quantized-llm.md)."""
+    if not isinstance(w, torch.fx.Node) or w.target is not aten.permute.default or list(w.args[1]) != [1, 0]:
+        return None
+    src = w.args[0]
+    view = src if isinstance(src, torch.fx.Node) and src.target is aten.view.default else None
+    dq = view.args[0] if view is not None else src
+    parts = weight_dequantize(dq)
+    if parts is None or (view is not None and dq.target is not qd.dequantize_per_channel.default):
+        return None
+    q, scales, zero, lo, hi = parts
+    shape = tuple(int(d) for d in _val(w).shape[::-1])
+    if view is None:
+        return QuantizedWeight(q, scales, zero, shape, False) if lo >= -128 and hi <= 127 else None
+    group = int(_val(dq).shape[1])
+    n, k = shape
+    if lo < -8 or hi > 7 or group % QB4W_BLOCK or k % group or _val(dq).shape[0] * group != n * k:
+        return None
+    return QuantizedWeight(q, scales, zero, shape, True)
+
+
+def static_linear(x: Any, w: Any) -> Optional[QuantizedWeight]:
+    """The int8 per-channel weight of a static int8 linear (its input a dequantize_per_tensor)."""
+    weight = quantized_weight(w)
+    if int8_input(x) is None or weight is None or weight.grouped:
+        return None
+    return weight
+
+
+def int8_input(x: Any) -> Optional[tuple[float, int]]:
+    """(scale, zero point) of a static int8 dequantize, or of a view of one (a linear's rows)."""
+    if isinstance(x, torch.fx.Node) and x.target is aten.view.default:
+        x = x.args[0]
+    return _per_tensor(x, qd.dequantize_per_tensor.default)
+
+
+def static_conv_weight(w: Any) -> Optional[QuantizedWeight]:
+    """An int8 weight_dequantize as a convolution's weight."""
+    parts = weight_dequantize(w)
+    if parts is None or parts[3] < -128 or parts[4] > 127:
+        return None
+    q, scales, zero = parts[:3]
+    return QuantizedWeight(q, scales, zero, (0, 0), False)
+
+
+def _per_tensor(node: Any, target: Any) -> Optional[tuple[float, int]]:
+    """(scale, zero point) of a `target` (quantize/dequantize_per_tensor) node of int8 with numbers as parameters."""
+    if not isinstance(node, torch.fx.Node) or node.target is not target:
+        return None
+    scale, zero = node.args[1:3]
+    if not isinstance(scale, float) or not isinstance(zero, int) or tuple(node.args[3:6]) != (-128, 127, torch.int8):
+        return None
+    return scale, zero
+
+
+def qd8_linear(x: Any, w: Any) -> Optional[tuple[torch.fx.Node, QuantizedWeight]]:
+    """(the float activations, the weight) of a dynamically quantized linear: qd8 x qc8w or qd8 x qb4w."""
+    src, weight = per_token_round_trip(x), quantized_weight(w)
+    return None if src is None or weight is None else (src, weight)
 
 
 def _addmm(node: torch.fx.Node, g: GraphBuilder) -> None:
@@ -295,20 +456,27 @@ def _conv_filter(w: np.ndarray, transposed: bool, depthwise: bool, groups: int) 
 
 def _convolution(node: torch.fx.Node, g: GraphBuilder) -> None:
     x, w, bias, stride, padding, dilation, transposed, output_padding, groups = node.args[:9]
-    weight = g.constants[w].detach().float().numpy()
+    static = static_conv_weight(w) if node in g.static else None
+    weight = (g.constants[static.q] if static else g.constants[w]).detach().float().numpy()
     if transposed:
         group_in, group_out = weight.shape[0] // groups, weight.shape[1]
     else:
         group_in, group_out = weight.shape[1], weight.shape[0] // groups
     depthwise = group_in == 1 and group_out % group_in == 0 and not transposed
     kind = "DepthwiseConv2d" if depthwise else "ConvTranspose2d" if transposed else "Conv2d"
-    filt = g.constant(_conv_filter(weight, transposed, depthwise, groups))
-    bias_id = NO_VALUE if bias is None else g.constant(g.constants[bias].detach().float().numpy())
+    if static:  # int8 values, one scale per output channel (the last dim of a depthwise filter)
+        scales = g.weight_scales(static)
+        filt = g.per_channel_filter(_conv_filter(weight, False, depthwise, groups), scales,
+                                    channel_dim=3 if depthwise else 0)
+        bias_id = g.static_bias(bias, _per_tensor(x, qd.dequantize_per_tensor.default)[0], scales)
+    else:
+        filt = g.constant(_conv_filter(weight, transposed, depthwise, groups))
+        bias_id = NO_VALUE if bias is None else g.constant(g.constants[bias].detach().float().numpy())
     (sh, sw), (ph, pw), (dh, dw), (ah, aw) = (_pair(v) for v in (stride, padding, dilation, output_padding))
     n, c, h, wd = _dims(node)
 
     def emit(src: int) -> int:
-        out = g.temp([n, h, wd, c])
+        out = g.temp([n, h, wd, c], like=node)
         g.add(kind, padding_top=ph, padding_right=pw, padding_bottom=ph, padding_left=pw,
               kernel_height=weight.shape[2], kernel_width=weight.shape[3], subsampling_height=sh,
               subsampling_width=sw, dilation_height=dh, dilation_width=dw, group_input_channels=group_in,
@@ -331,7 +499,7 @@ def _max_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
     (item,) = node.users  # the pooled values (checked: nobody reads the indices)
 
     def emit(src: int) -> int:
-        out = g.temp(_nhwc_out(item))
+        out = g.temp(_nhwc_out(item), like=item)
         g.add("MaxPooling2d", padding_top=padding[0], padding_right=padding[1], padding_bottom=padding[0],
               padding_left=padding[1], pooling_height=kernel[0], pooling_width=kernel[1], stride_height=stride[0],
               stride_width=stride[1], dilation_height=dilation[0], dilation_width=dilation[1], input_id=src,
@@ -365,7 +533,7 @@ def _avg_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
     padding = _pair(_arg(node, 3, "padding", 0))
 
     def emit(src: int) -> int:
-        out = g.temp(_nhwc_out(node))
+        out = g.temp(_nhwc_out(node), like=node)
         g.add("AvgPooling2d", padding_top=padding[0], padding_right=padding[1], padding_bottom=padding[0],
               padding_left=padding[1], pooling_height=kernel[0], pooling_width=kernel[1], stride_height=stride[0],
               stride_width=stride[1], dilation_height=1, dilation_width=1, input_id=src, output_id=out,
@@ -377,7 +545,7 @@ def _avg_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
 
 def _global_mean(node: torch.fx.Node, g: GraphBuilder) -> None:
     def emit(src: int) -> int:
-        out = g.temp(_nhwc_out(node))
+        out = g.temp(_nhwc_out(node), like=node)
         g.add("GlobalAvgPooling2d", input_id=src, output_id=out, flags=KEEP_DIMS)
         return out
 
@@ -620,6 +788,17 @@ DYNAMIC_OK = {aten.addmm.default, aten.mm.default, aten.linear.default, aten.add
               aten.ceil.default, aten.pow.Tensor_Scalar}
 
 
+# Ops XNNPACK runs in fp16 as well (every value of the node float16; ExecuTorch delegates these).
+FP16_OPS = {aten.addmm.default, aten.mm.default, aten.linear.default, aten.add.Tensor, aten.sub.Tensor,
+            aten.mul.Tensor, aten.div.Tensor, aten.relu.default, aten.hardtanh.default, aten.clamp.default,
+            aten.sigmoid.default, aten.tanh.default, aten.permute.default, aten.view.default,
+            aten._unsafe_view.default, aten.squeeze.dims, aten.unsqueeze.default, aten.cat.default}
+
+
+def _fp16(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float16 and 1 <= v.dim() <= MAX_DIMS
+
+
 def _fp32(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and 1 <= v.dim() <= MAX_DIMS
 
@@ -642,6 +821,15 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
     """Can XNNPACK run this node (fp32, static shapes, arguments its emitter handles)?"""
     if node.target in QD8_PARTS:
         return _qd8_part_ok(node, is_const)
+    if node.target is qd.quantize_per_tensor.default:
+        return _per_tensor(node, node.target) is not None and _fp32(_val(node.args[0]))
+    if node.target is qd.dequantize_per_tensor.default and _per_tensor(node, node.target) is None:
+        return is_const(node.args[0]) and _qd8_part_ok(node, is_const)  # a weight's
+    if node.target is qd.dequantize_per_tensor.default:
+        return (_per_tensor(node, node.target) is not None
+                and _per_tensor(node.args[0], qd.quantize_per_tensor.default) is not None)
+    if node.target in OPS and is_static(node):
+        return _static_ok(node, is_const)
     if node.target is operator.getitem and node.args[0].target is qd.choose_qparams_per_token_asymmetric.default:
         return _qd8_part_ok(node.args[0], is_const)
     if node.target is operator.getitem:  # the values of a delegated max pooling / batch norm
@@ -653,7 +841,7 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
     out = node.meta.get("val")
     out = out[0] if node.target in TUPLE_OPS else out
     values = [out] + [a.meta.get("val") for a in node.all_input_nodes]
-    if not all(_fp32(v) for v in values):
+    if not all(_fp32(v) for v in values) and not (node.target in FP16_OPS and all(_fp16(v) for v in values)):
         return False
     if not all(_static(v) for v in values) and not _dynamic_ok(node, is_const):
         return False
@@ -666,6 +854,112 @@ def supported(node: torch.fx.Node, is_const: IsConst) -> bool:
         return False
 
 
+# ---------------------------------------------------------------- static int8 (pt2e's static config)
+
+# Ops XNNPACK runs on qint8 values: each reads dequantize_per_tensor nodes and its result is
+# read by one quantize_per_tensor, possibly through an activation (conv -> relu -> quantize),
+# whose parameters the op's own result then takes (the activation is a Clamp on them).
+QS8_OPS = {aten.addmm.default, aten.mm.default, aten.convolution.default, aten.add.Tensor, aten.mul.Tensor,
+           aten.max_pool2d_with_indices.default, aten.mean.dim, aten.cat.default,
+           aten.relu.default, aten.hardtanh.default, aten.clamp.default, aten.view.default}
+ACTIVATIONS = {aten.relu.default, aten.hardtanh.default, aten.clamp.default}
+SAME_PARAMS = ACTIVATIONS | {aten.view.default, aten.max_pool2d_with_indices.default, aten.cat.default}
+# Nodes that may read a static int8 op's result before its quantize (taking that quantize's parameters).
+FOLLOWERS = ACTIVATIONS | {aten.view.default}
+
+
+def _activations(node: torch.fx.Node) -> list[torch.fx.Node]:
+    args = node.args[0] if node.target is aten.cat.default else node.args[:2]
+    return [a for a in args if isinstance(a, torch.fx.Node)]
+
+
+def is_static(node: torch.fx.Node) -> bool:
+    """Reads a static int8 dequantize (a linear: or a view of one), or is an activation or a view
+    reading an op that does."""
+    reads = _activations(node)
+    if any(_per_tensor(a, qd.dequantize_per_tensor.default) is not None for a in reads):
+        return True
+    if node.target in (aten.addmm.default, aten.mm.default):
+        return int8_input(node.args[1] if node.target is aten.addmm.default else node.args[0]) is not None
+    return node.target in FOLLOWERS and bool(reads) and reads[0].target in QS8_OPS and is_static(reads[0])
+
+
+def static_output(node: torch.fx.Node) -> Optional[tuple[float, int]]:
+    """The (scale, zero point) a static int8 node's result is stored with, or None."""
+    users = list(node.users)
+    if node.target in TUPLE_OPS:
+        return static_output(users[0]) if len(users) == 1 and users[0].target is operator.getitem else None
+    if len(users) != 1:
+        return None
+    user = users[0]
+    params = _per_tensor(user, qd.quantize_per_tensor.default)
+    if params is None and user.target in FOLLOWERS and node.target not in ACTIVATIONS:
+        return static_output(user)
+    if params is None and node.target is aten.view.default and user.target in (aten.addmm.default, aten.mm.default):
+        return int8_input(node)  # a linear's rows: the int8 values reshaped
+    return params
+
+
+def _static_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
+    if node.target not in QS8_OPS or static_output(node) is None:
+        return False
+    reads = _activations(node)
+    if node.target in FOLLOWERS and not _per_tensor(reads[0], qd.dequantize_per_tensor.default):
+        reads = []  # after its producer: reads that op's qint8 result
+    if node.target in (aten.addmm.default, aten.mm.default):
+        x, w = node.args[1:3] if node.target is aten.addmm.default else node.args[:2]
+        bias = node.args[0] if node.target is aten.addmm.default else None
+        return (static_linear(x, w) is not None and (bias is None or is_const(bias))
+                and (node.target is aten.mm.default or _addmm_ok(node, is_const)))
+    if node.target is aten.convolution.default:
+        x, w, bias = node.args[:3]
+        return (_per_tensor(x, qd.dequantize_per_tensor.default) is not None and static_conv_weight(w) is not None
+                and not node.args[6] and (bias is None or is_const(bias)) and _conv_ok(node, is_const))
+    if not all(_per_tensor(a, qd.dequantize_per_tensor.default) is not None for a in reads):
+        return False
+    if node.target in SAME_PARAMS and any(_per_tensor(a, qd.dequantize_per_tensor.default) != static_output(node)
+                                          for a in reads):
+        return False  # XNNPACK moves or compares these int8 values without requantizing them
+    op = OPS[node.target]
+    try:
+        return bool(op.check(node, is_const)) and all(_static(v) for v in [_val(a) for a in reads] if v is not None)
+    except (TypeError, AttributeError, IndexError, ValueError):
+        return False
+
+
+def static_results(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, tuple[float, int]]:
+    """Every static int8 node of a subgraph (and the getitem of a pooling) -> its result's parameters."""
+    out = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in QS8_OPS and is_static(node):
+            params = static_output(node)
+            if params is not None:
+                out[node] = params
+                if node.target in TUPLE_OPS:
+                    out[next(iter(node.users))] = params
+    return out
+
+
+def _quantize(node: torch.fx.Node, g: GraphBuilder) -> None:
+    """A static int8 quantize: the qint8 result of the op before it, or a Convert of a float value."""
+    src = node.args[0]
+    quantized = src in g.static and src in g.ids
+    if node in g.output_index:  # another delegate reads the int8 values
+        g.static[node] = _per_tensor(node, node.target)
+        g.add("Copy" if quantized else "Convert", input_id=g.value(src), output_id=g.result(node), flags=0)
+    elif quantized:
+        g.ids[node] = g.ids[src]
+    else:
+        g.ids[node] = g.quantized_temp(_dims(node), _per_tensor(node, node.target))
+        g.add("Convert", input_id=g.value(src), output_id=g.ids[node], flags=0)
+
+
+def _dequantize(node: torch.fx.Node, g: GraphBuilder) -> None:
+    """Readers inside the subgraph read the qint8 value itself; a returned one is converted to float."""
+    if node in g.output_index:
+        g.add("Convert", input_id=g.ids[node.args[0]], output_id=g.result(node), flags=0)
+
+
 # ---------------------------------------------------------------- whole subgraph
 
 
@@ -676,9 +970,15 @@ QD8_PARTS = {qd.choose_qparams_per_token_asymmetric.default, qd.quantize_per_tok
 def _qd8_part_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
     """A node of the qd8 x qc8w linear form, every use of which is such a linear: XNNPACK does the
     activation round trip itself (Convert to qdint8) and keeps the int8 weight."""
-    if node.target is qd.dequantize_per_channel.default:
-        return all(u.target is aten.permute.default and per_channel_weight(u) is not None
-                   and all(_is_qd8_matmul(m) for m in u.users) for u in node.users)
+    if node.target in (qd.dequantize_per_channel.default, qd.dequantize_per_tensor.default):
+        # Read by the weight's permute (for groups through a view), or by a static int8 convolution.
+        if node.users and all(u.target is aten.convolution.default and u.args[1] is node and is_static(u)
+                              and _static_ok(u, is_const) for u in node.users):
+            return True
+        permutes = [p for u in node.users for p in (u.users if u.target is aten.view.default else [u])]
+        return bool(permutes) and all(p.target is aten.permute.default and quantized_weight(p) is not None
+                                      and all(_is_qd8_matmul(m) or _is_static_matmul(m, is_const) for m in p.users)
+                                      for p in permutes)
     if node.target is qd.choose_qparams_per_token_asymmetric.default:
         return all(u.target is operator.getitem and all(_qd8_part_ok(v, is_const) for v in u.users)
                    for u in node.users)
@@ -687,6 +987,10 @@ def _qd8_part_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
     if node.target is qd.dequantize_per_token.default:
         return per_token_round_trip(node) is not None and all(_is_qd8_matmul(u) for u in node.users)
     return False
+
+
+def _is_static_matmul(node: torch.fx.Node, is_const: IsConst) -> bool:
+    return node.target in (aten.addmm.default, aten.mm.default) and is_static(node) and _static_ok(node, is_const)
 
 
 def _is_qd8_matmul(node: torch.fx.Node) -> bool:
@@ -716,11 +1020,20 @@ def build_graph(gm: torch.fx.GraphModule) -> XGraph:
     outputs = list(output_node.args[0])
     consts = fold_constants(gm)
     g = GraphBuilder(consts, outputs)
+    g.static = static_results(gm)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             g.input(node)
     for node in gm.graph.nodes:
         if node.op != "call_function" or node in consts or node.target is operator.getitem or node.target in QD8_PARTS:
+            continue
+        g.debug_handle = node.meta.get("debug_handle") or NO_DEBUG_HANDLE
+        g.float_type = _float_type(node)
+        if node.target is qd.quantize_per_tensor.default:
+            _quantize(node, g)
+            continue
+        if node.target is qd.dequantize_per_tensor.default:
+            _dequantize(node, g)
             continue
         op = OPS.get(node.target)
         if op is None:

@@ -1,4 +1,5 @@
-"""XnnpackPartitioner: hand the fp32 ops XNNPACK runs to ExecuTorch's XnnpackBackend.
+"""XnnpackPartitioner: hand the ops XNNPACK runs (fp32, fp16, and int8 from our pt2e quantizer
+or export-llm's quantize modes; docs/xnnpack-export.md) to ExecuTorch's XnnpackBackend.
 
     from execupy.exir import to_edge_transform_and_lower
     from execupy.exir.xnnpack import XnnpackPartitioner
@@ -17,8 +18,8 @@ from torch.export import ExportedProgram
 
 from ...backends.xnnpack.runtime import BACKEND_ID
 from ...schema.program import CompileSpec
-from ..backend import (BackendDetails, DelegationSpec, Partitioner, PartitionResult, PreprocessResult, _constant_inputs,
-                       register_backend_details, tag_supported_runs)
+from ..backend import (TAG, BackendDetails, DelegationSpec, Partitioner, PartitionResult, PreprocessResult,
+                       _constant_inputs, register_backend_details, tag_supported_runs)
 from .lower import LAYOUT_ONLY, build_graph, supported
 from .payload import NO_DEBUG_HANDLE, serialize
 
@@ -35,11 +36,38 @@ def constant_nodes(ep: ExportedProgram) -> set[torch.fx.Node]:
     return consts
 
 
+def dequantize_per_reader(gm: torch.fx.GraphModule) -> None:
+    """Give each reader of a static int8 dequantize its own copy, just before it: the reader's
+    delegate then holds it and runs on the int8 values, wherever the other readers land."""
+    dequantize = torch.ops.quantized_decomposed.dequantize_per_tensor.default
+    for node in list(gm.graph.nodes):
+        if node.target is not dequantize or len(node.users) < 2:
+            continue
+        for user in list(node.users):
+            with gm.graph.inserting_before(user):
+                copy = gm.graph.node_copy(node)
+            user.replace_input_with(node, copy)
+        gm.graph.erase_node(node)
+    gm.recompile()
+
+
+def dequantize_with_reader(gm: torch.fx.GraphModule) -> None:
+    """A dequantize (one reader each, above) tagged apart from its delegated reader moves into the
+    reader's delegate, which then reads the int8 values across the boundary."""
+    dequantize = torch.ops.quantized_decomposed.dequantize_per_tensor.default
+    for node in gm.graph.nodes:
+        if node.target is dequantize and TAG in node.meta and len(node.users) == 1:
+            reader_tag = next(iter(node.users)).meta.get(TAG)
+            if reader_tag is not None:
+                node.meta[TAG] = reader_tag
+
+
 class XnnpackPartitioner(Partitioner):
     def __init__(self, compile_specs: list[CompileSpec] | None = None):
         self.spec = DelegationSpec(BACKEND_ID, list(compile_specs or []))
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        dequantize_per_reader(exported_program.graph_module)
         consts = constant_nodes(exported_program)
 
         def is_supported(node: torch.fx.Node) -> bool:
@@ -50,8 +78,10 @@ class XnnpackPartitioner(Partitioner):
             return any(n.target not in LAYOUT_ONLY and n.target is not operator.getitem and n not in consts
                        for n in component)
 
-        tags = tag_supported_runs(exported_program.graph_module, is_supported, prefix="xnnpack_",
-                                  worth=computes_something)
+        gm = exported_program.graph_module
+        tag_supported_runs(gm, is_supported, prefix="xnnpack_", worth=computes_something)
+        dequantize_with_reader(gm)
+        tags = dict.fromkeys(n.meta[TAG] for n in gm.graph.nodes if TAG in n.meta)
         return PartitionResult(exported_program, {tag: self.spec for tag in tags})
 
 

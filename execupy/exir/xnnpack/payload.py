@@ -63,10 +63,11 @@ class XGraph:
         self.values.append(value)
         return len(self.values) - 1
 
-    def add_constant(self, data: np.ndarray) -> int:
-        """Store `data` in named data (once per distinct blob); returns its constant_buffer_idx."""
+    def add_constant(self, data: np.ndarray, prefix: str = "") -> int:
+        """Store `data` in named data (once per distinct blob) under `prefix` + its SHA-256;
+        returns its constant_buffer_idx."""
         blob = np.ascontiguousarray(data).tobytes()
-        key = hashlib.sha256(blob).hexdigest()
+        key = prefix + hashlib.sha256(blob).hexdigest()
         self.named_data.setdefault(key, blob)
         self.constant_keys.append(key)
         return len(self.constant_keys)

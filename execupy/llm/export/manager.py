@@ -111,7 +111,9 @@ def export_llm(
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
                                                progress=progress, progress_bar=progress_bar)
     if backend == "xnnpack":
-        transforms.append(head_as_linear)
+        from execupy.llm.export.xnnpack_linears import xnnpack_linear_forms
+
+        transforms += [head_as_linear, xnnpack_linear_forms]
     manager = (manager.set_output_dir(output_path.parent).set_dtype(dtype).source_transform(transforms)
                .export().to_edge())
     return manager.to_backend(backend_partitioners(backend)).to_executorch().save(output_path.name)
