@@ -18,7 +18,8 @@ def _activations(rng, m: int, k: int):
     return q, zp, scale
 
 
-@pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96)])
+@pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96),
+                                           (4, 4000, 576, 32)])  # the last one big enough for two threads
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     rng = np.random.default_rng(m * n + k)

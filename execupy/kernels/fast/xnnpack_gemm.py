@@ -31,34 +31,43 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .quantized import PARALLEL_MIN_MACS  # below it, decode-sized products run on one thread
+
 F32, F64 = np.float32, np.float64
 KSUM_CHUNK = 16  # inputs per packed-weight chunk of XNNPACK's x86 qb4w kernels (kr = 8, two nibble planes)
 UNSIGNED_OFFSET = 128  # qdu8: activations and zero points stored as uint8
+TILE = 256  # output channels per weight tile: the compiled kernel's block sums for a tile stay in L1
 
 
 @dataclass
 class BlockwiseWeight:
-    """A qb4w filter laid out once, at init: w int8 [N, K] (signed), scales float32 [N, K / block]
-    (the bf16 values), ksum float32 [N] (as XNNPACK packs it)."""
+    """A qb4w filter laid out once, at init, for the products below. The N output channels
+    are cut into tiles of TILE (the last one padded with zero weights): tiles int8
+    [N / TILE, K, TILE] holds the signed weights, so that a tile's block of inputs is one
+    contiguous run; scales float32 [K / block, N'] (the bf16 values) and ksum float32 [N']
+    (as XNNPACK packs it) are padded alike."""
 
-    w: np.ndarray
+    tiles: np.ndarray
     scales: np.ndarray
     ksum: np.ndarray
     block: int
+    n: int  # output channels before padding
 
 
 def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
+    """w int8 [N, K] (signed), scales [N, K / block]."""
     n, k = w.shape
     block = k // scales.shape[1]
-    w = np.ascontiguousarray(w, np.int8)
-    scales = np.ascontiguousarray(scales, F32)
+    scales = np.asarray(scales, F32)
     chunk_sums = w.reshape(n, k // KSUM_CHUNK, KSUM_CHUNK).sum(axis=-1, dtype=np.int32).astype(F32)
-    chunk_scales = np.repeat(scales, block // KSUM_CHUNK, axis=1)
-    terms = chunk_sums * chunk_scales  # exact: a 8-bit integer times a bf16 value
+    terms = chunk_sums * np.repeat(scales, block // KSUM_CHUNK, axis=1)  # exact: a small integer times a bf16
     ksum = np.zeros(n, F32)
-    for t in terms.T:  # float32, in input order, as the packing loop does
+    for t in terms.T:  # float32, in input order, as XNNPACK's packing loop adds them
         ksum = ksum - t
-    return BlockwiseWeight(w, scales, ksum, block)
+    pad = -n % TILE
+    wT = np.pad(np.asarray(w, np.int8).T, ((0, 0), (0, pad)))
+    tiles = np.ascontiguousarray(wT.reshape(k, -1, TILE).transpose(1, 0, 2))
+    return BlockwiseWeight(tiles, np.pad(scales.T, ((0, 0), (0, pad))), np.pad(ksum, (0, pad)), block, n)
 
 
 def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -72,14 +81,15 @@ def gemm_blockwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: 
                          bias: Optional[np.ndarray]) -> np.ndarray:
     """q int8 [M, K], zp int32 [M], x_scale float32 [M] -> float32 [M, N] (before the clamp)."""
     m, k = q.shape
-    n, nb = w.w.shape[0], w.scales.shape[1]
+    nb, n_padded = w.scales.shape
     a = (q.astype(F32) + F32(UNSIGNED_OFFSET)).reshape(m, nb, w.block).transpose(1, 0, 2)
-    wb = w.w.astype(F32).reshape(n, nb, w.block).transpose(1, 2, 0)
-    acc = np.matmul(a, wb)  # [nb, M, N]: integers below 2**24, exact in float32 in any order
+    # [tiles, nb, M, TILE]: each block's sum is an integer below 2**24, exact in float32 in any order
+    acc = np.matmul(a[None], w.tiles.reshape(-1, nb, w.block, TILE).astype(F32))
+    acc = acc.transpose(1, 2, 0, 3).reshape(nb, m, n_padded)
     v = w.ksum[None, :] * (zp.astype(F32) + F32(UNSIGNED_OFFSET))[:, None]
     for b in range(nb):
-        v = _fma(acc[b], w.scales[None, :, b], v)
-    v = v * x_scale.astype(F32)[:, None]
+        v = _fma(acc[b], w.scales[None, b], v)
+    v = (v * x_scale.astype(F32)[:, None])[:, :w.n]
     return v if bias is None else v + bias.astype(F32)
 
 
@@ -102,20 +112,43 @@ def _compile() -> Optional[dict[str, Callable]]:
     except ImportError:
         return None
 
-    @numba.njit(parallel=True, cache=True)
-    def _blockwise(a, zp, x_scale, w, scales, ksum, bias, block, out):
+    @numba.njit(cache=True)
+    def _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t):
+        # Output channels of tile t, every row. Each block's sum runs across the tile's
+        # channels (vectorizable; float32 is exact here, see gemm_blockwise_numpy), then joins
+        # v with one fma. Rows are sliced to the tile first: indexing with c0 + j would make
+        # numba check for negative indices, which stops LLVM from vectorizing (10x slower).
         m, k = a.shape
-        n, nb = w.shape[0], scales.shape[1]
-        for c in numba.prange(n):
-            for r in range(m):
-                v = np.float32(ksum[c] * np.float32(zp[r]))
-                for b in range(nb):
-                    acc = np.int32(0)
-                    for i in range(b * block, (b + 1) * block):
-                        acc += np.int32(a[r, i]) * np.int32(w[c, i])
-                    v = np.float32(np.float64(v) + np.float64(acc) * np.float64(scales[c, b]))
-                v = np.float32(v * x_scale[r])
-                out[r, c] = np.float32(v + bias[c])
+        c0 = t * TILE
+        tile = tiles[t]
+        acc = np.empty(TILE, np.float32)
+        v = np.empty(TILE, np.float32)
+        ks, bs = ksum[c0:c0 + TILE], bias[c0:c0 + TILE]
+        for r in range(m):
+            for j in range(TILE):
+                v[j] = ks[j] * zp[r]
+            for b in range(k // block):
+                acc[:] = 0
+                for i in range(b * block, (b + 1) * block):
+                    ai, row = a[r, i], tile[i]
+                    for j in range(TILE):
+                        acc[j] += ai * np.float32(row[j])
+                sb = scales[b, c0:c0 + TILE]
+                for j in range(TILE):
+                    v[j] = np.float32(np.float64(v[j]) + np.float64(acc[j]) * np.float64(sb[j]))
+            o = out[r, c0:c0 + TILE]
+            for j in range(TILE):
+                o[j] = np.float32(v[j] * x_scale[r]) + bs[j]
+
+    @numba.njit(cache=True)
+    def _blockwise_serial(a, zp, x_scale, tiles, scales, ksum, bias, block, out):
+        for t in range(tiles.shape[0]):
+            _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t)
+
+    @numba.njit(parallel=True, cache=True)
+    def _blockwise_parallel(a, zp, x_scale, tiles, scales, ksum, bias, block, out):
+        for t in numba.prange(tiles.shape[0]):
+            _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t)
 
     @numba.njit(parallel=True, cache=True)
     def _channelwise(q, zp, x_scale, w, w_scale, bias, out):
@@ -134,12 +167,17 @@ def _compile() -> Optional[dict[str, Callable]]:
                 out[r, c] = np.float32(np.float64(scaled) * np.float64(w_scale[c]) + np.float64(bias[c]))
 
     def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
-        m, n = q.shape[0], w.w.shape[0]
-        a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
-        out = np.empty((m, n), F32)
-        _blockwise(a, (zp.astype(np.int32) + UNSIGNED_OFFSET).astype(F32), x_scale.astype(F32), w.w, w.scales,
-                   w.ksum, np.zeros(n, F32) if bias is None else bias.astype(F32), w.block, out)
-        return out
+        m, (n_tiles, k, _) = q.shape[0], w.tiles.shape
+        a = q.astype(F32) + F32(UNSIGNED_OFFSET)
+        out = np.empty((m, n_tiles * TILE), F32)
+        padded_bias = np.zeros(n_tiles * TILE, F32)
+        if bias is not None:
+            padded_bias[:w.n] = bias
+        run = _blockwise_parallel if m * w.n * k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1 else \
+            _blockwise_serial
+        run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale.astype(F32), w.tiles, w.scales, w.ksum, padded_bias,
+            w.block, out)
+        return out[:, :w.n]
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
         m, n = q.shape[0], w.shape[0]
