@@ -44,3 +44,19 @@ def test_channelwise_numba_equals_numpy(m, n, k, bits):
     bias = rng.standard_normal(n).astype(np.float32)
     ours = XG.NUMBA["channelwise"](q, zp, scale, w, w_scale, bias)
     np.testing.assert_array_equal(ours, XG.NUMPY["channelwise"](q, zp, scale, w, w_scale, bias))
+
+
+def test_quantize_rows_numba_equals_numpy():
+    rng = np.random.default_rng(5)
+    rows = np.concatenate([rng.standard_normal((3, 96)) * 3, np.zeros((1, 96)), -rng.random((1, 96)),
+                           rng.random((1, 96)), ((np.arange(96) % 255 - 127) / 127.5)[None],
+                           np.eye(1, 96) * 50]).astype(np.float32)
+    ours = XG.NUMBA["quantize_rows"](rows)
+    reference = XG.NUMPY["quantize_rows"](rows)
+    for a, b in zip(ours, reference):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    q, scale, zp = reference
+    dequantized = (q.astype(np.float32) - zp[:, None]) * scale[:, None]
+    assert scale[3] == 1 and not dequantized[3].any()  # a row of zeros: scale 1, zeros back
+    np.testing.assert_allclose(dequantized, rows, atol=float(scale.max()) / 2 * 1.0001)

@@ -360,11 +360,12 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
         w_scale = scales.reshape(n_out).astype(F32)
         product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
 
+    clamp = (lambda y: y) if lo == -np.inf and hi == np.inf else (lambda y: np.clip(y, lo, hi))
+
     def step(vals: list) -> None:
         x: Q.DynamicQuant = vals[x_id]
-        rows = x.q.reshape(-1, n_in)
-        y = product(rows, x.zero_point.reshape(-1), x.scale.reshape(-1))
-        vals[out] = np.clip(y, lo, hi).reshape(*x.q.shape[:-1], n_out)
+        y = product(x.q.reshape(-1, n_in), x.zero_point.reshape(-1), x.scale.reshape(-1))
+        vals[out] = clamp(y).reshape(*x.q.shape[:-1], n_out)
 
     return step
 

@@ -77,6 +77,26 @@ def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- numpy reference
 
 
+def quantize_rows_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [M, K] -> (q int8 [M, K], dequantization scale float32 [M], zero point int32 [M]).
+    Each row's range [min(0, rmin), max(0, rmax)] maps onto [-128, 127]; the zero point is
+    taken from whichever end gives the smaller error, clamped and rounded to nearest even; a
+    row of zeros gets scale 1; q = clamp(rint(x * inv_scale) + zp). This is XNNPACK's
+    `xnn_f32_qd8_asymmetric_quantization_params` and its f32->int8 converter, step by step in
+    float32 (the unsigned qdu8 form is the same numbers plus 128)."""
+    rmin = np.minimum(F32(0), x.min(axis=-1))
+    rmax = np.maximum(F32(0), x.max(axis=-1))
+    same = rmin == rmax
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv_scale = np.where(same, F32(1), F32(255) / np.where(same, F32(1), rmax - rmin)).astype(F32)
+    rmin_scaled, rmax_scaled = rmin * inv_scale, rmax * inv_scale
+    from_min = (F32(-128) + rmin_scaled) + (F32(127) + rmax_scaled) > 0
+    zp = np.where(from_min, F32(-128) - rmin_scaled, F32(127) - rmax_scaled)
+    zp = np.rint(np.clip(zp, -128, 127)).astype(np.int32)
+    q = np.clip(np.rint(x * inv_scale[:, None]) + zp.astype(F32)[:, None], -128, 127).astype(np.int8)
+    return q, (F32(1) / inv_scale).astype(F32), zp  # XNNPACK keeps 1 / inv_scale as the row's scale
+
+
 def gemm_blockwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: BlockwiseWeight,
                          bias: Optional[np.ndarray]) -> np.ndarray:
     """q int8 [M, K], zp int32 [M], x_scale float32 [M] -> float32 [M, N] (before the clamp)."""
@@ -101,7 +121,8 @@ def gemm_channelwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w
     return _fma(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
 
 
-NUMPY: dict[str, Callable] = {"blockwise": gemm_blockwise_numpy, "channelwise": gemm_channelwise_numpy}
+NUMPY: dict[str, Callable] = {"blockwise": gemm_blockwise_numpy, "channelwise": gemm_channelwise_numpy,
+                              "quantize_rows": quantize_rows_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
@@ -166,6 +187,33 @@ def _compile() -> Optional[dict[str, Callable]]:
                 scaled = np.float32(np.float32(acc) * x_scale[r])
                 out[r, c] = np.float32(np.float64(scaled) * np.float64(w_scale[c]) + np.float64(bias[c]))
 
+    @numba.njit(cache=True)
+    def _quantize_rows(x, q, scale, zero):
+        m, k = x.shape
+        for r in range(m):
+            lo, hi = np.float32(0), np.float32(0)
+            for i in range(k):
+                lo = min(lo, x[r, i])
+                hi = max(hi, x[r, i])
+            inv = np.float32(1) if lo == hi else np.float32(np.float32(255) / np.float32(hi - lo))
+            lo_scaled, hi_scaled = np.float32(lo * inv), np.float32(hi * inv)
+            if np.float32(np.float32(-128) + lo_scaled) + np.float32(np.float32(127) + hi_scaled) > 0:
+                z = np.float32(np.float32(-128) - lo_scaled)
+            else:
+                z = np.float32(np.float32(127) - hi_scaled)
+            zf = np.rint(min(max(z, np.float32(-128)), np.float32(127)))
+            for i in range(k):
+                v = np.rint(np.float32(x[r, i] * inv)) + zf
+                q[r, i] = np.int8(min(max(v, np.float32(-128)), np.float32(127)))
+            scale[r] = np.float32(1) / inv
+            zero[r] = np.int32(zf)
+
+    def quantize_rows(x):
+        m = x.shape[0]
+        q, scale, zero = np.empty(x.shape, np.int8), np.empty(m, F32), np.empty(m, np.int32)
+        _quantize_rows(np.ascontiguousarray(x, F32), q, scale, zero)
+        return q, scale, zero
+
     def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
         m, (n_tiles, k, _) = q.shape[0], w.tiles.shape
         a = q.astype(F32) + F32(UNSIGNED_OFFSET)
@@ -186,7 +234,7 @@ def _compile() -> Optional[dict[str, Callable]]:
                      w_scale.astype(F32), np.zeros(n, F32) if bias is None else bias.astype(F32), out)
         return out
 
-    return {"blockwise": blockwise, "channelwise": channelwise}
+    return {"blockwise": blockwise, "channelwise": channelwise, "quantize_rows": quantize_rows}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
@@ -195,3 +243,4 @@ _ACTIVE = NUMBA or NUMPY
 
 gemm_blockwise: Callable = _ACTIVE["blockwise"]
 gemm_channelwise: Callable = _ACTIVE["channelwise"]
+quantize_rows: Callable = _ACTIVE["quantize_rows"]
