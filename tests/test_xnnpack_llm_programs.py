@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from execupy.runtime import Program
-from tests.et_llm import EOS_ID, export_with_executorch, reference_greedy, tokenizer_size, write_tokenizer
+from tests.et_llm import BOS_ID, EOS_ID, export_with_executorch, reference_greedy, tokenizer_size, write_tokenizer
 from tests.reference import run_reference_steps
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
@@ -73,6 +73,17 @@ def test_logits_match_executorch_over_prefill_and_three_decode_steps(name, progr
             assert a.argmax() == b.argmax(), f"step {k}: argmax {a.argmax()} != ExecuTorch's {b.argmax()}"
             cosine = float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b)))
             assert cosine >= MIN_COSINE, f"step {k}: cosine similarity {cosine:.6f}"
+
+
+def test_a_one_token_forward_gives_executorchs_logits_bit_for_bit(name, program):
+    """Attention over a single position is exact in both runtimes (softmax of one score is 1),
+    so a one-token forward checks everything else bit for bit: the qd8 x qb4w products, the
+    int8 quantization of each row, XNNPACK's sigmoid and rsqrt, the portable mean."""
+    steps = [[np.array([[BOS_ID]]), np.array([0])]]
+    ours = Program.load(program).load_method("forward").execute(steps[0])[0]
+    theirs = run_reference_steps(program, steps, llama_ops=True)[0][0]
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    np.testing.assert_array_equal(ours, theirs)
 
 
 def test_execupy_generate_on_an_8da4w_xnnpack_program_continues_as_executorch_does(tmp_path):

@@ -25,12 +25,12 @@ public functions use.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
+from . import quantized
 from .quantized import PARALLEL_MIN_MACS  # below it, decode-sized products run on one thread
 
 F32, F64 = np.float32, np.float64
@@ -237,10 +237,8 @@ def _compile() -> Optional[dict[str, Callable]]:
     return {"blockwise": blockwise, "channelwise": channelwise, "quantize_rows": quantize_rows}
 
 
-NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
-BACKEND = "numba" if NUMBA is not None else "numpy"
-_ACTIVE = NUMBA or NUMPY
-
-gemm_blockwise: Callable = _ACTIVE["blockwise"]
-gemm_channelwise: Callable = _ACTIVE["channelwise"]
-quantize_rows: Callable = _ACTIVE["quantize_rows"]
+# Compiled where the grouped kernels are (numba installed, EXECUPY_NUMBA not 0).
+NUMBA: Optional[dict[str, Callable]] = _compile() if quantized.BACKEND == "numba" else None
+BACKEND = quantized.BACKEND
+gemm_blockwise, gemm_channelwise, quantize_rows = ((NUMBA or NUMPY)[name]
+                                                   for name in ("blockwise", "channelwise", "quantize_rows"))
