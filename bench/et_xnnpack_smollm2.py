@@ -17,7 +17,9 @@ of three prompts, one run each, greedy:
   gives the token ids themselves, compared with ours id by id.
 
 Both stop at the program's end-of-sequence ids. Printed per prompt: tokens equal or the
-first difference, and decode tok/s of ours beside the runner's. Exit status 1 on any
+first difference (with both runtimes' logits for the two top tokens at that step, fed
+ExecuTorch's own tokens up to it, so a near-tie shows as one), and decode tok/s of ours
+beside the runner's. Exit status 1 on any
 difference.
 """
 from __future__ import annotations
