@@ -17,7 +17,9 @@ of three prompts, one run each, greedy:
   gives the token ids themselves, compared with ours id by id.
 
 Both stop at the program's end-of-sequence ids. Printed per prompt: tokens equal or the
-first difference, and decode tok/s of ours beside the runner's. Exit status 1 on any
+first difference (with both runtimes' logits for the two top tokens at that step, fed
+ExecuTorch's own tokens up to it, so a near-tie shows as one), and decode tok/s of ours
+beside the runner's. Exit status 1 on any
 difference.
 """
 from __future__ import annotations
@@ -46,6 +48,27 @@ def first_difference(ours: list, theirs: list) -> int | None:
     return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
 
 
+def logits_at(pte: Path, prompt: list, tokens: list) -> str:
+    """Both runtimes fed the prompt and then `tokens` (ExecuTorch's own greedy choices up to
+    the first difference): the two top logits of the last step in each, and how far apart
+    ours are from theirs over the whole step, so a near-tie shows as what it is."""
+    import numpy as np
+
+    from execupy.runtime import Program
+    from tests.reference import run_reference_steps
+
+    steps = [[np.array([prompt]), np.array([0])]]
+    steps += [[np.array([[t]]), np.array([len(prompt) + i])] for i, t in enumerate(tokens)]
+    theirs = run_reference_steps(pte, steps, llama_ops=True)[-1][0].reshape(-1)
+    method = Program.load(str(pte)).load_method("forward")
+    ours = [method.execute(step)[0] for step in steps][-1].reshape(-1)
+    top = np.argsort(theirs)[::-1][:2]
+    return (f"at that step ExecuTorch's top two logits: {top[0]} {theirs[top[0]]:.5f}, {top[1]} "
+            f"{theirs[top[1]]:.5f} (gap {theirs[top[0]] - theirs[top[1]]:.5f}); ours: {ours[top[0]]:.5f}, "
+            f"{ours[top[1]]:.5f}; max |ours - theirs| over the step {np.abs(ours - theirs).max():.5f} "
+            f"(largest |logit| {np.abs(theirs).max():.2f})")
+
+
 def compare_prompt(pte: Path, tokenizer: Path, prompt: str, new_tokens: int) -> tuple[bool, str, float, float]:
     """(all equal, report lines, our decode tok/s, the runner's decode tok/s) for one prompt."""
     from execupy.llm.tokenizer import load_tokenizer
@@ -61,6 +84,8 @@ def compare_prompt(pte: Path, tokenizer: Path, prompt: str, new_tokens: int) -> 
     lines.append("  ids vs ExecuTorch's runtime: " + (
         f"equal, {len(ours)} tokens" if at is None else
         f"first difference at token {at}: ours {ours[at:at + 3]}, theirs {theirs_ids[at:at + 3]}"))
+    if at is not None:
+        lines.append("  " + logits_at(pte, ids["prompt_ids"], theirs_ids[:at]))
     try:
         runner, _ = generate_with_et_runner(pte, tokenizer, prompt, new_tokens)
     except NotAvailable as e:  # the ids above still compare; say why the runner gave nothing

@@ -10,7 +10,9 @@ must hold (read with execupy's payload reader), so the test proves what it cover
 Tolerances: fp32 1e-5 relative to the output's scale (same math, other summation order);
 fp16 2e-3 (XNNPACK's f16 kernels round inside a product, we round once); static int8:
 one output quantization step (the int8 add/pool kernels use fixed point, we use float);
-dynamic int8: 1e-4 relative (same integer sums, fp32 scaling order).
+dynamic int8 FullyConnected (qd8 x qc8w / qc4w / qb4w): bit for bit (execupy reproduces
+XNNPACK's integer sums, its packed weight sums and its float32 rounding steps); dynamic
+int8 convolutions: 1e-4 relative.
 """
 from __future__ import annotations
 
@@ -27,9 +29,15 @@ from .reference import run_worker_once, worker_case_outputs
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
+STRESS_ROWS = ("(torch.cat([torch.randn(2, 576) * 3, torch.randn(1, 576) * 0.01 + torch.eye(1, 576) * 50, "
+               "-torch.rand(1, 576), torch.zeros(1, 576), torch.rand(1, 576), "
+               "(torch.arange(576) % 255 - 127).float().reshape(1, 576) / 127.5, "
+               "torch.linspace(-1, 1, 576).reshape(1, 576)]).reshape(2, 4, 576),)")
+
 # name: model (an nn.Module expression), inputs, quant ("", "fp16", "static", "dynamic", "dynamic4" (4-bit
 # channelwise weights), "int4:<group>"),
-# and the node kinds / datatypes the XNNGraph must contain.
+# the node kinds / datatypes the XNNGraph must contain, and exact=True where execupy must
+# match ExecuTorch's runtime bit for bit.
 CASES = {
     "conv_transpose": dict(model="nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)",
                            inputs="(torch.randn(2, 4, 5, 6),)", nodes=["ConvTranspose2d"]),
@@ -81,6 +89,17 @@ CASES = {
     "int8_int4_per_channel": dict(model="nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 10))",
                                   inputs="(torch.randn(4, 64),)", quant="int4:0", nodes=["FullyConnected"],
                                   datatypes=["qdint8"]),
+    # Rows chosen to stress the per-row int8 quantization: large and small ranges, a lone
+    # outlier, negative-only, all-zero, positive-only, values on rounding ties, a ramp.
+    "int8_int4_group32_stress": dict(model="nn.Linear(576, 80)", inputs=STRESS_ROWS, quant="int4:32",
+                                     nodes=["FullyConnected"], datatypes=["qdint8", "qbint4"], exact=True),
+    "int8_int4_group32_wide": dict(model="nn.Sequential(nn.Linear(1536, 48, bias=False))",
+                                   inputs="(torch.randn(5, 1536) * 4,)", quant="int4:32", nodes=["FullyConnected"],
+                                   datatypes=["qdint8", "qbint4"], exact=True),
+    "dynamic_int8_linear_stress": dict(model="nn.Linear(576, 40)", inputs=STRESS_ROWS, quant="dynamic",
+                                       nodes=["FullyConnected"], datatypes=["qdint8", "qcint8"], exact=True),
+    "sigmoid_rsqrt": dict(model="Fn(lambda x: torch.sigmoid(x) * torch.rsqrt(x.abs() + 1e-3))",
+                          inputs="(torch.randn(64, 97) * 6,)", nodes=["Sigmoid", "ReciprocalSquareRoot"], exact=True),
     "int8_int4_group32": dict(model="nn.Sequential(nn.Linear(64, 24, bias=False))",
                               inputs="(torch.randn(2, 3, 64),)", quant="int4:32", nodes=["FullyConnected"],
                               datatypes=["qdint8", "qbint4"]),
@@ -174,6 +193,8 @@ def _graphs(pte: Path) -> list:
 
 
 def _tolerance(case: dict, expected: np.ndarray, graphs: list) -> float:
+    if case.get("exact"):
+        return 0.0
     scale = float(np.abs(expected).max()) or 1.0
     quant = case.get("quant", "")
     if quant == "fp16":
@@ -181,6 +202,8 @@ def _tolerance(case: dict, expected: np.ndarray, graphs: list) -> float:
     if quant == "static":  # one step of the graph's output quantization
         steps = [v.quant.scale[0] for g in graphs for v in g.values if v.datatype == "qint8"]
         return 1.01 * max(steps)
+    if quant and {n.kind for g in graphs for n in g.nodes} <= {"Convert", "FullyConnected"}:
+        return 0.0  # XNNPACK's dynamically quantized FullyConnected, reproduced bit for bit
     return (1e-4 if quant else 1e-5) * scale
 
 

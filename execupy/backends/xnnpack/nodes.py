@@ -21,10 +21,12 @@ from typing import Callable
 import numpy as np
 
 from ...errors import MalformedProgramError, UnsupportedOperatorError
+from ...kernels.fast import xnnpack_gemm as XG
 from ...kernels.portable.conv import convolution
 from ...kernels.portable.pool import avg_pool2d, max_pool2d_with_indices
 from ...kernels.registry import get_kernel
 from . import quant as Q
+from . import vmath
 from .schema import NO_VALUE, Node
 
 F32 = np.float32
@@ -339,30 +341,31 @@ def _requant_scale(x_val, w_scales: np.ndarray, out_val) -> np.ndarray:
 
 
 def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
-    """qd8 input x qc8w/qc4w/qb4w filter -> fp32. Per row r and channel c:
-    y = x_scale[r] * sum_blocks(w_scale[c, b] * sum_{k in b}((x[r,k] - x_zp[r]) * w[c,k])) + bias[c].
-    XNNPACK sums each block in int32 and the blocks in fp32; here the blocks are summed in
-    float64, so results can differ in the last bits of fp32."""
+    """qd8 input x qc8w/qc4w/qb4w filter -> fp32, with XNNPACK's own arithmetic bit for bit
+    (execupy/kernels/fast/xnnpack_gemm.py says what that is)."""
     f = node.fields
-    w_id, out = f["filter_id"], f["output_id"]
-    w_int = w.astype(np.float64) - g.filter_zero_point(w_id)
-    scales = g.scales(w_id).astype(np.float64)
-    n_out, n_in = w_int.shape
-    if scales.ndim == 2 and scales.shape[1] > 1:  # blockwise: fold the block scales into the weights
-        block = n_in // scales.shape[1]
-        w_scaled = (w_int.reshape(n_out, -1, block) * scales[:, :, None]).reshape(n_out, n_in)
-    else:
-        w_scaled = w_int * scales.reshape(n_out, 1)
-    wt = np.ascontiguousarray(w_scaled.T)
-    bias = g.const(f["bias_id"], "FullyConnected bias").astype(np.float64) if has_bias else 0.0
+    w_id, out, x_id = f["filter_id"], f["output_id"], f["input1_id"]
+    w_signed = (w.astype(np.int16) - g.filter_zero_point(w_id)).astype(np.int8)
+    scales = g.scales(w_id)
+    bias = g.const(f["bias_id"], "FullyConnected bias").astype(F32) if has_bias else None
     lo, hi = F32(node.output_min), F32(node.output_max)
-    x_id = f["input1_id"]
+    n_out, n_in = w_signed.shape
+    if g.values[w_id].datatype == "qbint4":
+        if n_in % scales.shape[1] or (n_in // scales.shape[1]) % XG.KSUM_CHUNK:
+            raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with {scales.shape[1]} blocks over "
+                                           f"{n_in} inputs (XNNPACK needs blocks of a multiple of {XG.KSUM_CHUNK})")
+        packed = XG.pack_blockwise(w_signed, scales)
+        product = lambda q, zp, s: XG.gemm_blockwise(q, zp, s, packed, bias)
+    else:
+        w_scale = scales.reshape(n_out).astype(F32)
+        product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
+
+    clamp = (lambda y: y) if lo == -np.inf and hi == np.inf else (lambda y: np.clip(y, lo, hi))
 
     def step(vals: list) -> None:
         x: Q.DynamicQuant = vals[x_id]
-        acc = np.matmul(x.q.astype(np.float64) - x.zero_point, wt)
-        y = (acc * x.scale.astype(np.float64) + bias).astype(F32)
-        vals[out] = np.clip(y, lo, hi)
+        y = product(x.q.reshape(-1, n_in), x.zero_point.reshape(-1), x.scale.reshape(-1))
+        vals[out] = clamp(y).reshape(*x.q.shape[:-1], n_out)
 
     return step
 
@@ -496,7 +499,7 @@ BUILDERS: dict[str, Callable[[Node, object], Step]] = {
     "ConvTranspose2d": _convolution,
     "Convert": _convert,
     "Softmax": _unary(_softmax),
-    "Sigmoid": _unary(_kernel("sigmoid")),
+    "Sigmoid": _unary(vmath.sigmoid),
     "Tanh": _unary(_kernel("tanh")),
     "Exp": _unary(_kernel("exp")),
     "Log": _unary(_kernel("log")),
@@ -506,7 +509,7 @@ BUILDERS: dict[str, Callable[[Node, object], Step]] = {
     "Negate": _unary(np.negative),
     "Square": _unary(np.square),
     "SquareRoot": _unary(_kernel("sqrt")),
-    "ReciprocalSquareRoot": _unary(_kernel("rsqrt")),
+    "ReciprocalSquareRoot": _unary(vmath.rsqrt),
     "Floor": _unary(np.floor),
     "Ceiling": _unary(np.ceil),
     "Gelu": _unary(lambda x: get_kernel("aten::gelu.out")(x, "none", np.empty_like(x))),

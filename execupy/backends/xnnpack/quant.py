@@ -4,11 +4,8 @@ Static int8 (qint8/quint8 per tensor): quantize is round(x * (1/scale)) + zero_p
 rounded half to even and saturated, as XNNPACK's f32->qs8 converter does (it multiplies by
 the float32 reciprocal of the scale, not divides). Dequantize is (q - zp) * scale in fp32.
 
-Dynamic int8 (qdint8, one scale and zero point per row of the innermost dimension): each
-row's range [min(0, rmin), max(0, rmax)] maps onto
-[-128, 127]; the zero point is taken from whichever end gives the smaller error, clamped
-and rounded to nearest even; a row of zeros gets scale 1. This follows XNNPACK's
-`xnn_f32_qd8_asymmetric_quantization_params` step by step in float32.
+Dynamic int8 (qdint8, one scale and zero point per row of the innermost dimension): see
+quantize_rows in execupy/kernels/fast/xnnpack_gemm.py.
 """
 from __future__ import annotations
 
@@ -16,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...kernels.fast import xnnpack_gemm as XG
+
 F32 = np.float32
-INT8_MIN, INT8_MAX = -128, 127
 QRANGE = {"qint8": (-128, 127), "quint8": (0, 255), "qdint8": (-128, 127)}
 STORAGE = {"qint8": np.int8, "quint8": np.uint8, "qdint8": np.int8}
 
@@ -46,20 +44,13 @@ def quantize_dynamic(x: np.ndarray) -> DynamicQuant:
     """Per-row dynamic quantization (XNNPACK's qd8 convert). A row is the innermost
     dimension whatever the value's `num_nonbatch_dims` says: ExecuTorch 1.5.1's runtime gives
     each pixel of an NHWC conv input its own scale although the graph declares 3 non-batch
-    dims (checked against its outputs in tests/test_xnnpack_nodes.py, dynamic_int8_conv)."""
+    dims (checked against its outputs in tests/test_xnnpack_nodes.py, dynamic_int8_conv).
+    The arithmetic is in execupy/kernels/fast/xnnpack_gemm.py (quantize_rows)."""
     x = np.asarray(x, F32)
-    rmin = np.minimum(F32(0), x.min(axis=-1, keepdims=True))
-    rmax = np.maximum(F32(0), x.max(axis=-1, keepdims=True))
-    same = rmin == rmax
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv_scale = np.where(same, F32(1), F32(INT8_MAX - INT8_MIN) / np.where(same, F32(1), rmax - rmin)).astype(F32)
-    rmin_scaled, rmax_scaled = rmin * inv_scale, rmax * inv_scale
-    from_min = (F32(INT8_MIN) + rmin_scaled) + (F32(INT8_MAX) + rmax_scaled) > 0
-    zp = np.where(from_min, F32(INT8_MIN) - rmin_scaled, F32(INT8_MAX) - rmax_scaled)
-    zp = np.rint(np.clip(zp, INT8_MIN, INT8_MAX)).astype(np.int32)
-    q = np.clip(np.rint(x * inv_scale) + zp.astype(F32), INT8_MIN, INT8_MAX).astype(np.int8)
-    # XNNPACK keeps 1/inv_scale as the row's dequantization scale.
-    return DynamicQuant(q, (F32(1) / inv_scale).astype(F32), zp)
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
+    q, scale, zp = XG.quantize_rows(rows)
+    batch = x.shape[:-1] + (1,) if x.ndim else ()
+    return DynamicQuant(q.reshape(x.shape), scale.reshape(batch), zp.reshape(batch))
 
 
 def requantize(acc: np.ndarray, scale: np.ndarray, zero_point: int, datatype: str, lo: float, hi: float) -> np.ndarray:

@@ -17,7 +17,7 @@ from ..portable.unary import _sigmoid
 
 def rms_norm(x: np.ndarray, eps, weight: np.ndarray) -> np.ndarray:
     """x * rsqrt(mean(x**2, -1, keepdim) + eps) * weight, as pow/mean/add/rsqrt/mul/mul compute it."""
-    total = np.sum(np.square(x), axis=-1, dtype=np.float32, keepdims=True)
+    total = np.cumsum(np.square(x), axis=-1, dtype=np.float32)[..., -1:]  # added in order, as the portable mean
     mean = np.true_divide(total, x.shape[-1] if x.ndim else 1, dtype=np.float32)
     inv = 1 / np.sqrt(mean + np.asarray(eps, np.float32))
     return np.multiply(x * inv, weight)

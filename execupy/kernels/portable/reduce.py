@@ -79,8 +79,19 @@ def mean_dim(x: np.ndarray, dim: Dims = None, keepdim: bool = False, dtype: Opti
     acc = compute_dtype(out.dtype)
     axes = _axes(x, dim)
     with np.errstate(all="ignore"):  # the mean of nothing is 0 / 0 = NaN, as in ATen
-        total = np.sum(x, axis=axes, dtype=acc, keepdims=keepdim)
+        total = sequential_sum(x, axes, acc, keepdim)
         return write(out, np.true_divide(total, _count(x, axes), dtype=acc))
+
+
+def sequential_sum(x: np.ndarray, axes: Optional[tuple[int, ...]], acc: np.dtype, keepdim: bool) -> np.ndarray:
+    """The sum over `axes` added one element after another, in index order, as ExecuTorch's
+    portable mean does (numpy's np.sum adds pairwise: the last bits can differ, and an
+    RMSNorm's mean feeds an int8 quantization that can round the other way on them)."""
+    axes = tuple(range(x.ndim)) if axes is None else axes
+    rest = [a for a in range(x.ndim) if a not in axes]
+    rows = np.transpose(x, rest + list(axes)).reshape([x.shape[a] for a in rest] + [-1])
+    total = np.cumsum(rows, axis=-1, dtype=acc)[..., -1] if rows.shape[-1] else np.zeros(rows.shape[:-1], acc)
+    return total.reshape([1 if a in axes else x.shape[a] for a in range(x.ndim)]) if keepdim else total
 
 
 @register_kernel("aten::mean.dtype_out")

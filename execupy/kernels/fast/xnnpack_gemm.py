@@ -1,0 +1,244 @@
+"""XNNPACK's dynamically quantized GEMMs, reproduced bit for bit: int8 activations with a
+scale and zero point per row (qd8) times int8 / int4 weights with a scale per output
+channel (qc8w, qc4w) or per block of input channels (qb4w, bf16 scales).
+
+What XNNPACK computes, per row r and output channel c (read from its x86 VNNI microkernels,
+which ExecuTorch 1.5.1 runs on a CPU with AVX512-VNNI or AVX-VNNI; there the activations
+are stored unsigned, q + 128, with zero point zp + 128: "qdu8"):
+
+* channelwise: acc = sum_k (q[r,k] - zp[r]) * w[c,k] in int32 (exact), then
+  y = fma(float(acc) * x_scale[r], w_scale[c], bias[c]) in float32.
+* blockwise (qb4w): the packed weights carry ksum[c] = -sum over chunks of 16 inputs of
+  (sum of the chunk's w) * w_scale[c, block], summed in float32 in input order. Then
+  v = ksum[c] * (zp[r] + 128); for each block b in order
+  v = fma(float(sum_{k in b} (q[r,k] + 128) * w[c,k]), w_scale[c,b], v); then
+  y = v * x_scale[r] + bias[c], each step rounded to float32.
+
+Here w are the signed weights (stored 4-bit values minus their zero point 8). A fused
+multiply-add is emulated in float64: the product of two float32 is exact there and only
+the sum is rounded (twice, to float64 then float32; that can differ from one rounding only
+when the float64 sum lands exactly on a float32 midpoint).
+
+Two implementations: numpy (always there; the reference) and numba (the `fast` extra),
+equal bit for bit (tests/kernels/test_xnnpack_gemm.py). `BACKEND` says which one the
+public functions use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from . import quantized
+from .quantized import PARALLEL_MIN_MACS  # below it, decode-sized products run on one thread
+
+F32, F64 = np.float32, np.float64
+KSUM_CHUNK = 16  # inputs per packed-weight chunk of XNNPACK's x86 qb4w kernels (kr = 8, two nibble planes)
+UNSIGNED_OFFSET = 128  # qdu8: activations and zero points stored as uint8
+TILE = 256  # output channels per weight tile: the compiled kernel's block sums for a tile stay in L1
+
+
+@dataclass
+class BlockwiseWeight:
+    """A qb4w filter laid out once, at init, for the products below. The N output channels
+    are cut into tiles of TILE (the last one padded with zero weights): tiles int8
+    [N / TILE, K, TILE] holds the signed weights, so that a tile's block of inputs is one
+    contiguous run; scales float32 [K / block, N'] (the bf16 values) and ksum float32 [N']
+    (as XNNPACK packs it) are padded alike."""
+
+    tiles: np.ndarray
+    scales: np.ndarray
+    ksum: np.ndarray
+    block: int
+    n: int  # output channels before padding
+
+
+def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
+    """w int8 [N, K] (signed), scales [N, K / block]."""
+    n, k = w.shape
+    block = k // scales.shape[1]
+    scales = np.asarray(scales, F32)
+    chunk_sums = w.reshape(n, k // KSUM_CHUNK, KSUM_CHUNK).sum(axis=-1, dtype=np.int32).astype(F32)
+    terms = chunk_sums * np.repeat(scales, block // KSUM_CHUNK, axis=1)  # exact: a small integer times a bf16
+    ksum = np.zeros(n, F32)
+    for t in terms.T:  # float32, in input order, as XNNPACK's packing loop adds them
+        ksum = ksum - t
+    pad = -n % TILE
+    wT = np.pad(np.asarray(w, np.int8).T, ((0, 0), (0, pad)))
+    tiles = np.ascontiguousarray(wT.reshape(k, -1, TILE).transpose(1, 0, 2))
+    return BlockwiseWeight(tiles, np.pad(scales.T, ((0, 0), (0, pad))), np.pad(ksum, (0, pad)), block, n)
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    return (a.astype(F64) * b.astype(F64) + c.astype(F64)).astype(F32)
+
+
+# ---------------------------------------------------------------------------- numpy reference
+
+
+def quantize_rows_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [M, K] -> (q int8 [M, K], dequantization scale float32 [M], zero point int32 [M]).
+    Each row's range [min(0, rmin), max(0, rmax)] maps onto [-128, 127]; the zero point is
+    taken from whichever end gives the smaller error, clamped and rounded to nearest even; a
+    row of zeros gets scale 1; q = clamp(rint(x * inv_scale) + zp). This is XNNPACK's
+    `xnn_f32_qd8_asymmetric_quantization_params` and its f32->int8 converter, step by step in
+    float32 (the unsigned qdu8 form is the same numbers plus 128)."""
+    rmin = np.minimum(F32(0), x.min(axis=-1))
+    rmax = np.maximum(F32(0), x.max(axis=-1))
+    same = rmin == rmax
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv_scale = np.where(same, F32(1), F32(255) / np.where(same, F32(1), rmax - rmin)).astype(F32)
+    rmin_scaled, rmax_scaled = rmin * inv_scale, rmax * inv_scale
+    from_min = (F32(-128) + rmin_scaled) + (F32(127) + rmax_scaled) > 0
+    zp = np.where(from_min, F32(-128) - rmin_scaled, F32(127) - rmax_scaled)
+    zp = np.rint(np.clip(zp, -128, 127)).astype(np.int32)
+    q = np.clip(np.rint(x * inv_scale[:, None]) + zp.astype(F32)[:, None], -128, 127).astype(np.int8)
+    return q, (F32(1) / inv_scale).astype(F32), zp  # XNNPACK keeps 1 / inv_scale as the row's scale
+
+
+def gemm_blockwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: BlockwiseWeight,
+                         bias: Optional[np.ndarray]) -> np.ndarray:
+    """q int8 [M, K], zp int32 [M], x_scale float32 [M] -> float32 [M, N] (before the clamp)."""
+    m, k = q.shape
+    nb, n_padded = w.scales.shape
+    a = (q.astype(F32) + F32(UNSIGNED_OFFSET)).reshape(m, nb, w.block).transpose(1, 0, 2)
+    # [tiles, nb, M, TILE]: each block's sum is an integer below 2**24, exact in float32 in any order
+    acc = np.matmul(a[None], w.tiles.reshape(-1, nb, w.block, TILE).astype(F32))
+    acc = acc.transpose(1, 2, 0, 3).reshape(nb, m, n_padded)
+    v = w.ksum[None, :] * (zp.astype(F32) + F32(UNSIGNED_OFFSET))[:, None]
+    for b in range(nb):
+        v = _fma(acc[b], w.scales[None, b], v)
+    v = (v * x_scale.astype(F32)[:, None])[:, :w.n]
+    return v if bias is None else v + bias.astype(F32)
+
+
+def gemm_channelwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: np.ndarray,
+                           w_scale: np.ndarray, bias: Optional[np.ndarray]) -> np.ndarray:
+    """q int8 [M, K] x w int8 [N, K] (signed) -> float32 [M, N]."""
+    acc = np.matmul(q.astype(F64) - zp.astype(F64)[:, None], w.astype(F64).T)  # exact integers
+    scaled = acc.astype(F32) * x_scale.astype(F32)[:, None]
+    return _fma(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
+
+
+NUMPY: dict[str, Callable] = {"blockwise": gemm_blockwise_numpy, "channelwise": gemm_channelwise_numpy,
+                              "quantize_rows": quantize_rows_numpy}
+
+# ---------------------------------------------------------------------------- numba
+
+
+def _compile() -> Optional[dict[str, Callable]]:
+    try:
+        import numba
+    except ImportError:
+        return None
+
+    @numba.njit(cache=True)
+    def _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t):
+        # Output channels of tile t, every row. Each block's sum runs across the tile's
+        # channels (vectorizable; float32 is exact here, see gemm_blockwise_numpy), then joins
+        # v with one fma. Rows are sliced to the tile first: indexing with c0 + j would make
+        # numba check for negative indices, which stops LLVM from vectorizing (10x slower).
+        m, k = a.shape
+        c0 = t * TILE
+        tile = tiles[t]
+        acc = np.empty(TILE, np.float32)
+        v = np.empty(TILE, np.float32)
+        ks, bs = ksum[c0:c0 + TILE], bias[c0:c0 + TILE]
+        for r in range(m):
+            for j in range(TILE):
+                v[j] = ks[j] * zp[r]
+            for b in range(k // block):
+                acc[:] = 0
+                for i in range(b * block, (b + 1) * block):
+                    ai, row = a[r, i], tile[i]
+                    for j in range(TILE):
+                        acc[j] += ai * np.float32(row[j])
+                sb = scales[b, c0:c0 + TILE]
+                for j in range(TILE):
+                    v[j] = np.float32(np.float64(v[j]) + np.float64(acc[j]) * np.float64(sb[j]))
+            o = out[r, c0:c0 + TILE]
+            for j in range(TILE):
+                o[j] = np.float32(v[j] * x_scale[r]) + bs[j]
+
+    @numba.njit(cache=True)
+    def _blockwise_serial(a, zp, x_scale, tiles, scales, ksum, bias, block, out):
+        for t in range(tiles.shape[0]):
+            _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t)
+
+    @numba.njit(parallel=True, cache=True)
+    def _blockwise_parallel(a, zp, x_scale, tiles, scales, ksum, bias, block, out):
+        for t in numba.prange(tiles.shape[0]):
+            _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t)
+
+    @numba.njit(parallel=True, cache=True)
+    def _channelwise(q, zp, x_scale, w, w_scale, bias, out):
+        m, k = q.shape
+        n = w.shape[0]
+        for c in numba.prange(n):
+            for r in range(m):
+                acc = np.int32(0)
+                for i in range(k):
+                    acc += np.int32(q[r, i]) * np.int32(w[c, i])
+                wsum = np.int32(0)
+                for i in range(k):
+                    wsum += np.int32(w[c, i])
+                acc -= np.int32(zp[r]) * wsum
+                scaled = np.float32(np.float32(acc) * x_scale[r])
+                out[r, c] = np.float32(np.float64(scaled) * np.float64(w_scale[c]) + np.float64(bias[c]))
+
+    @numba.njit(cache=True)
+    def _quantize_rows(x, q, scale, zero):
+        m, k = x.shape
+        for r in range(m):
+            lo, hi = np.float32(0), np.float32(0)
+            for i in range(k):
+                lo = min(lo, x[r, i])
+                hi = max(hi, x[r, i])
+            inv = np.float32(1) if lo == hi else np.float32(np.float32(255) / np.float32(hi - lo))
+            lo_scaled, hi_scaled = np.float32(lo * inv), np.float32(hi * inv)
+            if np.float32(np.float32(-128) + lo_scaled) + np.float32(np.float32(127) + hi_scaled) > 0:
+                z = np.float32(np.float32(-128) - lo_scaled)
+            else:
+                z = np.float32(np.float32(127) - hi_scaled)
+            zf = np.rint(min(max(z, np.float32(-128)), np.float32(127)))
+            for i in range(k):
+                v = np.rint(np.float32(x[r, i] * inv)) + zf
+                q[r, i] = np.int8(min(max(v, np.float32(-128)), np.float32(127)))
+            scale[r] = np.float32(1) / inv
+            zero[r] = np.int32(zf)
+
+    def quantize_rows(x):
+        m = x.shape[0]
+        q, scale, zero = np.empty(x.shape, np.int8), np.empty(m, F32), np.empty(m, np.int32)
+        _quantize_rows(np.ascontiguousarray(x, F32), q, scale, zero)
+        return q, scale, zero
+
+    def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
+        m, (n_tiles, k, _) = q.shape[0], w.tiles.shape
+        a = q.astype(F32) + F32(UNSIGNED_OFFSET)
+        out = np.empty((m, n_tiles * TILE), F32)
+        padded_bias = np.zeros(n_tiles * TILE, F32)
+        if bias is not None:
+            padded_bias[:w.n] = bias
+        run = _blockwise_parallel if m * w.n * k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1 else \
+            _blockwise_serial
+        run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale.astype(F32), w.tiles, w.scales, w.ksum, padded_bias,
+            w.block, out)
+        return out[:, :w.n]
+
+    def channelwise(q, zp, x_scale, w, w_scale, bias):
+        m, n = q.shape[0], w.shape[0]
+        out = np.empty((m, n), F32)
+        _channelwise(np.ascontiguousarray(q), zp.astype(np.int32), x_scale.astype(F32), np.ascontiguousarray(w, np.int8),
+                     w_scale.astype(F32), np.zeros(n, F32) if bias is None else bias.astype(F32), out)
+        return out
+
+    return {"blockwise": blockwise, "channelwise": channelwise, "quantize_rows": quantize_rows}
+
+
+# Compiled where the grouped kernels are (numba installed, EXECUPY_NUMBA not 0).
+NUMBA: Optional[dict[str, Callable]] = _compile() if quantized.BACKEND == "numba" else None
+BACKEND = quantized.BACKEND
+gemm_blockwise, gemm_channelwise, quantize_rows = ((NUMBA or NUMPY)[name]
+                                                   for name in ("blockwise", "channelwise", "quantize_rows"))

@@ -1,0 +1,62 @@
+"""The compiled (numba) XNNPACK dynamic-quantization GEMMs equal the numpy reference bit for
+bit (that the reference equals ExecuTorch's runtime is tests/test_xnnpack_nodes.py's job)."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from execupy.kernels.fast import xnnpack_gemm as XG
+
+pytestmark = pytest.mark.skipif(XG.NUMBA is None, reason="numba (the `fast` extra) is not installed")
+
+
+def _activations(rng, m: int, k: int):
+    q = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    zp = rng.integers(-128, 128, m).astype(np.int32)
+    scale = (rng.random(m) * 0.1 + 1e-3).astype(np.float32)
+    return q, zp, scale
+
+
+@pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96),
+                                           (4, 4000, 576, 32)])  # the last one big enough for two threads
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
+    rng = np.random.default_rng(m * n + k)
+    q, zp, scale = _activations(rng, m, k)
+    w = rng.integers(-8, 8, (n, k)).astype(np.int8)
+    scales = (rng.random((n, k // block)) * 0.02 + 1e-4).astype(ml_dtypes.bfloat16).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    packed = XG.pack_blockwise(w, scales)
+    ours = XG.NUMBA["blockwise"](q, zp, scale, packed, bias)
+    reference = XG.NUMPY["blockwise"](q, zp, scale, packed, bias)
+    assert ours.dtype == reference.dtype == np.float32 and ours.shape == (m, n)
+    np.testing.assert_array_equal(ours, reference)
+
+
+@pytest.mark.parametrize("m, n, k, bits", [(1, 33, 64, 8), (4, 40, 576, 8), (3, 10, 64, 4)])
+def test_channelwise_numba_equals_numpy(m, n, k, bits):
+    rng = np.random.default_rng(m + n + k)
+    q, zp, scale = _activations(rng, m, k)
+    half = 1 << (bits - 1)
+    w = rng.integers(-half, half, (n, k)).astype(np.int8)
+    w_scale = (rng.random(n) * 0.02 + 1e-4).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    ours = XG.NUMBA["channelwise"](q, zp, scale, w, w_scale, bias)
+    np.testing.assert_array_equal(ours, XG.NUMPY["channelwise"](q, zp, scale, w, w_scale, bias))
+
+
+def test_quantize_rows_numba_equals_numpy():
+    rng = np.random.default_rng(5)
+    rows = np.concatenate([rng.standard_normal((3, 96)) * 3, np.zeros((1, 96)), -rng.random((1, 96)),
+                           rng.random((1, 96)), ((np.arange(96) % 255 - 127) / 127.5)[None],
+                           np.eye(1, 96) * 50]).astype(np.float32)
+    ours = XG.NUMBA["quantize_rows"](rows)
+    reference = XG.NUMPY["quantize_rows"](rows)
+    for a, b in zip(ours, reference):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    q, scale, zp = reference
+    dequantized = (q.astype(np.float32) - zp[:, None]) * scale[:, None]
+    assert scale[3] == 1 and not dequantized[3].any()  # a row of zeros: scale 1, zeros back
+    np.testing.assert_allclose(dequantized, rows, atol=float(scale.max()) / 2 * 1.0001)
