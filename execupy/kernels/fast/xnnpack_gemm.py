@@ -25,13 +25,17 @@ public functions use.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 from . import quantized
-from .quantized import PARALLEL_MIN_MACS  # below it, decode-sized products run on one thread
+
+# Below this many multiply-adds a second thread costs more to wake than it saves on 2 shared
+# cores (a decode-sized product runs on one thread; prefill-sized ones use every numba thread).
+PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
 
 F32, F64 = np.float32, np.float64
 KSUM_CHUNK = 16  # inputs per packed-weight chunk of XNNPACK's x86 qb4w kernels (kr = 8, two nibble planes)
