@@ -9,8 +9,8 @@ source transforms or a delegate, or to look at the graph between stages.
 
 The program has one ``forward(tokens [1, T] int64, input_pos [1] int64) -> logits [1, 1, vocab]``
 method (``[1, T, vocab]`` with ``generate_full_logits``) with a KV cache held in mutable
-buffers (T dynamic in 1..max_prefill_len), updated and attended in place by the ``llama::`` custom ops unless ``custom_ops=False``, and
-constant methods the runner reads instead of a side config file:
+buffers (T dynamic in 1..max_prefill_len), updated and attended in place by the ``llama::``
+custom ops unless ``custom_ops=False``, and constant methods the runner reads instead of a side config file:
 
     get_max_seq_len, get_max_context_len, get_max_prefill_len, get_vocab_size, get_n_layers,
     get_bos_id, get_eos_ids (list), use_kv_cache, use_sdpa_with_kv_cache, enable_dynamic_shape,
