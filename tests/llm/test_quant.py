@@ -115,23 +115,29 @@ def test_every_mode_matches_eager_and_runs_in_executorch(tiny_gguf, tmp_path, mo
 
 
 @pytest.mark.parametrize("mode", ["int4", "8da4w"])
-def test_4bit_modes_keep_the_files_q4_blocks_in_groups_of_32(tiny_gguf, mode):
+def test_4bit_modes_keep_the_files_blocks_in_groups_of_32(tiny_gguf, mode):
     model = cached_model(tiny_gguf)  # the file's weights, dequantized to fp32
     want = {name: linear.weight.detach().clone() for name, linear in model.named_modules()
             if isinstance(linear, torch.nn.Linear)}
+    table = model.tok_embeddings.weight.detach().clone()
     lines = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", QuantizationWarning)
+    with pytest.warns(QuantizationWarning, match=r"^output: kept as int8 groups of 32 \(the GGUF's Q8_0 blocks\), "
+                                                 r"not rounded to int4: [0-9.]+ MiB more"):
         quantize_linears(model, mode, 32, checkpoint=tiny_gguf, say=lines.append)
     form = lambda name: model.get_submodule(name).weight_form  # noqa: E731
-    for name in ("layers.0.attention.wq", "layers.1.attention.wk", "layers.0.feed_forward.w1"):  # Q4_0, Q4_0, Q4_1
+    for name in ("layers.0.attention.wq", "layers.1.attention.wk", "layers.0.feed_forward.w1", "output"):
         torch.testing.assert_close(form(name)(), want[name], rtol=0, atol=1e-6)  # the file's values, not re-rounded
     assert form("layers.0.attention.wq").minimum is None and form("layers.0.feed_forward.w1").minimum is not None
-    # An F16 tensor (and the Q8_0 tied output) are quantized onto the symmetric grid as before.
-    assert form("layers.1.attention.wq").minimum is None
+    assert [form(n).bits for n in ("layers.0.attention.wq", "layers.0.feed_forward.w1", "output")] == [4, 4, 8]
+    # The F16 tensor has no blocks to keep: quantized onto the symmetric 4-bit grid.
+    assert form("layers.1.attention.wq").minimum is None and form("layers.1.attention.wq").bits == 4
     assert not torch.allclose(form("layers.1.attention.wq")(), want["layers.1.attention.wq"], rtol=0, atol=1e-6)
-    kept = len(want) - 2
-    assert lines == [f"{kept} of {len(want)} linears keep the GGUF file's 4-bit blocks"]
+    assert lines == [f"{len(want) - 2} of {len(want)} linears keep the GGUF file's 4-bit blocks, "
+                     "1 its Q8_0 blocks as int8 groups of 32 (output)"]
+    # The tied embedding now reads the head's int8 table: the same constants, the same values.
+    assert model.tok_embeddings.table is form("output")
+    tokens = torch.tensor([[3, 0, 17]])
+    torch.testing.assert_close(model.tok_embeddings(tokens), table[tokens], rtol=0, atol=0)
 
 
 def test_another_group_size_quantizes_the_gguf_weights_again(tiny_gguf):
