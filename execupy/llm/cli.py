@@ -5,7 +5,7 @@
     execupy generate model.pte --prompt "Hello" --max-new-tokens 16 --profile report.html
     execupy generate model.pte --raw --prompt $'<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
     execupy chat model.pte
-    execupy perplexity model.pte --text execupy/llm/data/constitution.txt [--ctx 128]
+    execupy perplexity model.pte --text execupy/llm/data/us_constitution.txt [--ctx 128]
 
 Generated text goes to stdout only; progress, statistics and logs go to stderr. Nothing
 here imports torch at module level: only export-llm needs it, and imports it when run.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from execupy.llm.config import EXPORT_DTYPES
 
@@ -51,6 +52,9 @@ def _add_export(sub) -> None:
                         "for runtimes without the llama:: ops such as ExecuTorch's stock one; slower")
     p.add_argument("--backend", choices=("portable", "xnnpack"), default="portable",
                    help="xnnpack: delegate the linears (and fp32 ops around them) to ExecuTorch's XnnpackBackend")
+    p.add_argument("--generate-full-logits", action="store_true",
+                   help="forward returns the logits of every token fed, not only the last one's "
+                        "(ExecuTorch's generate_full_logits): what `execupy perplexity` scores fastest")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar per long stage on stderr (default: only when stderr is a terminal)")
     q = p.add_argument_group("quantization (docs/quantized-llm.md)")
@@ -78,6 +82,7 @@ def cmd_export_llm(args: argparse.Namespace) -> int:
                         dtype=args.dtype, custom_ops=not args.no_custom_ops, backend=args.backend,
                         quantize=args.quantize, group_size=args.group_size,
                         embedding_quantize=args.embedding_quantize, progress_bar=args.progress,
+                        generate_full_logits=args.generate_full_logits,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"done in {result.seconds:.1f} s", file=sys.stderr)
     return 0
@@ -244,8 +249,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def _add_perplexity(sub) -> None:
     p = sub.add_parser("perplexity", help="perplexity of an exported LLM (.pte) on a text file",
                        description="Perplexity as llama.cpp's llama-perplexity reports it: the text in "
-                       "non-overlapping windows of --ctx tokens, the second half of each window scored. "
-                       "Prints PPL and the number of tokens scored.")
+                       "non-overlapping windows of --ctx tokens, each from an empty cache, the second half "
+                       "of each window scored. Prints PPL and the number of tokens scored. A program exported "
+                       "with --generate-full-logits scores a window in ctx / max-prefill-len calls; others "
+                       "take one call per scored token.")
     p.add_argument("model", help="the .pte from export-llm")
     p.add_argument("--text", required=True, metavar="FILE", help="a UTF-8 text file")
     p.add_argument("--ctx", type=int, default=None, help="window length in tokens (default: the program's context)")
@@ -267,8 +274,13 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as e:
         raise InvalidInputError(f"{args.text}: cannot be read as UTF-8 text ({e})") from None
+    if not runner.full_logits:
+        print("note: this program returns the last position's logits only, so each scored token costs a "
+              "call; export-llm --generate-full-logits scores a window in a few calls", file=sys.stderr)
+    t0 = time.perf_counter()
     result = perplexity(runner, runner.tokenizer.encode(text), args.ctx or runner.meta.max_seq_len, args.chunks,
                         progress=lambda w, ppl: print(f"[{w}] {ppl:.4f}", file=sys.stderr, flush=True))
     print(f"PPL = {result.perplexity:.4f} over {result.tokens_scored} tokens "
           f"({result.windows} windows of {result.ctx}; the text has {result.text_tokens} tokens)")
+    print(f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

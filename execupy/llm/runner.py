@@ -244,11 +244,25 @@ class LLMRunner:
 
     def _forward(self, tokens: Sequence[int]) -> np.ndarray:
         """One call: append ``tokens`` at ``self.pos``; the logits after the last one."""
+        return self.forward_rows(tokens)[-1]
+
+    def forward_rows(self, tokens: Sequence[int]) -> np.ndarray:
+        """One call: append ``tokens`` at ``self.pos``; every row of logits the program returns,
+        ``[T, vocab]`` from a program exported with ``generate_full_logits``, else ``[1, vocab]``
+        (the last position's)."""
         inputs = [np.asarray([tokens], dtype=np.int64), np.asarray([self.pos], dtype=np.int64)]
-        logits = self.forward.execute(inputs)[0]  # [1, 1, vocab] (the export keeps the last position only)
+        logits = self.forward.execute(inputs)[0]  # [1, T or 1, vocab]
         self.pos += len(tokens)
         self.history.extend(int(t) for t in tokens)
-        return np.asarray(logits).reshape(-1, logits.shape[-1])[-1]
+        return np.asarray(logits).reshape(-1, logits.shape[-1])
+
+    @property
+    def full_logits(self) -> bool:
+        """Whether forward returns a row of logits per token fed (``generate_full_logits``):
+        its output's token axis is as long as the most tokens a call takes."""
+        out = self.module.program.method_meta("forward").outputs
+        shape = out[0].shape if out and isinstance(out[0], TensorInfo) else ()
+        return len(shape) == 3 and shape[1] == self.meta.max_prefill_len > 1
 
     def prefill(self, tokens: Sequence[int], before_chunk: Optional[Callable[[], None]] = None) -> np.ndarray:
         """Feed a prompt in chunks of at most max_prefill_len; the last position's logits.

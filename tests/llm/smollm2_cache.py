@@ -35,16 +35,18 @@ MAX_SEQ_LEN, MAX_PREFILL_LEN = 128, 32
 
 
 def smollm2_program(max_seq_len: int = MAX_SEQ_LEN, max_prefill_len: int = MAX_PREFILL_LEN,
-                    dtype: str = "fp32", quantize: str | None = None, group_size: int | None = None
-                    ) -> Optional[Path]:
+                    dtype: str = "fp32", quantize: str | None = None, group_size: int | None = None,
+                    full_logits: bool = False) -> Optional[Path]:
     """The cached .pte (its tokenizer beside it), exported now if absent; None without the GGUF.
-    ``dtype``, ``quantize`` and ``group_size`` are export_llm's; each combination is its own cached file."""
+    ``dtype``, ``quantize``, ``group_size`` and ``full_logits`` (generate_full_logits) are
+    export_llm's; each combination is its own cached file."""
     gguf = smollm2_gguf_path()
     if gguf is None:
         return None
     suffix = "" if dtype == "fp32" else f"-{dtype}"  # the fp32 name is unchanged: existing caches stay valid
     suffix += f"-{quantize}" if quantize else ""
     suffix += f"-g{group_size}" if group_size else ""
+    suffix += "-full" if full_logits else ""
     pte = CACHE / f"smollm2-ctx{max_seq_len}-prefill{max_prefill_len}{suffix}-{_sources_hash()}.pte"
     if not pte.is_file():
         from execupy.llm.export import export_llm
@@ -52,7 +54,7 @@ def smollm2_program(max_seq_len: int = MAX_SEQ_LEN, max_prefill_len: int = MAX_P
         CACHE.mkdir(parents=True, exist_ok=True)
         tmp = pte.with_name(f"tmp{os.getpid()}-{pte.name}")  # renamed when whole: no half-written cache
         result = export_llm(gguf, tmp, max_seq_len=max_seq_len, max_prefill_len=max_prefill_len, dtype=dtype,
-                            quantize=quantize, group_size=group_size)
+                            quantize=quantize, group_size=group_size, generate_full_logits=full_logits)
         result.tokenizer_path.rename(pte.with_name(pte.stem + result.tokenizer_path.name[len(tmp.stem):]))
         tmp.rename(pte)
     return pte

@@ -115,23 +115,29 @@ def test_every_mode_matches_eager_and_runs_in_executorch(tiny_gguf, tmp_path, mo
 
 
 @pytest.mark.parametrize("mode", ["int4", "8da4w"])
-def test_4bit_modes_keep_the_files_q4_blocks_in_groups_of_32(tiny_gguf, mode):
+def test_4bit_modes_keep_the_files_blocks_in_groups_of_32(tiny_gguf, mode):
     model = cached_model(tiny_gguf)  # the file's weights, dequantized to fp32
     want = {name: linear.weight.detach().clone() for name, linear in model.named_modules()
             if isinstance(linear, torch.nn.Linear)}
+    table = model.tok_embeddings.weight.detach().clone()
     lines = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", QuantizationWarning)
+    with pytest.warns(QuantizationWarning, match=r"^output: kept as int8 groups of 32 \(the GGUF's Q8_0 blocks\), "
+                                                 r"not rounded to int4: [0-9.]+ MiB more"):
         quantize_linears(model, mode, 32, checkpoint=tiny_gguf, say=lines.append)
     form = lambda name: model.get_submodule(name).weight_form  # noqa: E731
-    for name in ("layers.0.attention.wq", "layers.1.attention.wk", "layers.0.feed_forward.w1"):  # Q4_0, Q4_0, Q4_1
+    for name in ("layers.0.attention.wq", "layers.1.attention.wk", "layers.0.feed_forward.w1", "output"):
         torch.testing.assert_close(form(name)(), want[name], rtol=0, atol=1e-6)  # the file's values, not re-rounded
     assert form("layers.0.attention.wq").minimum is None and form("layers.0.feed_forward.w1").minimum is not None
-    # An F16 tensor (and the Q8_0 tied output) are quantized onto the symmetric grid as before.
-    assert form("layers.1.attention.wq").minimum is None
+    assert [form(n).bits for n in ("layers.0.attention.wq", "layers.0.feed_forward.w1", "output")] == [4, 4, 8]
+    # The F16 tensor has no blocks to keep: quantized onto the symmetric 4-bit grid.
+    assert form("layers.1.attention.wq").minimum is None and form("layers.1.attention.wq").bits == 4
     assert not torch.allclose(form("layers.1.attention.wq")(), want["layers.1.attention.wq"], rtol=0, atol=1e-6)
-    kept = len(want) - 2
-    assert lines == [f"{kept} of {len(want)} linears keep the GGUF file's 4-bit blocks"]
+    assert lines == [f"{len(want) - 2} of {len(want)} linears keep the GGUF file's 4-bit blocks, "
+                     "1 its Q8_0 blocks as int8 groups of 32 (output)"]
+    # The tied embedding now reads the head's int8 table: the same constants, the same values.
+    assert model.tok_embeddings.table is form("output")
+    tokens = torch.tensor([[3, 0, 17]])
+    torch.testing.assert_close(model.tok_embeddings(tokens), table[tokens], rtol=0, atol=0)
 
 
 def test_another_group_size_quantizes_the_gguf_weights_again(tiny_gguf):
@@ -167,31 +173,44 @@ def test_cli_rejects_gguf_mode_without_a_gguf_and_a_bad_group_size(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_cli_perplexity_equals_llama_cpp_style_count_from_eager_logits(tmp_path):
+def eager_perplexity(model: Transformer, tokens: list[int], ctx: int, windows: int) -> tuple[float, int]:
+    """llama-perplexity's count from full-sequence logits: windows of ``ctx``, the logits after
+    token j score token j + 1 for j in the second half."""
+    nll, n = 0.0, 0
+    for w in range(windows):
+        window = torch.tensor([tokens[w * ctx:(w + 1) * ctx]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(window)[0].double(), dim=-1)
+        for j in range(ctx // 2, ctx - 1):
+            nll -= float(logp[j, window[0, j + 1]])
+            n += 1
+    return math.exp(nll / n), n
+
+
+@pytest.mark.parametrize("full_logits", [True, False])
+def test_cli_perplexity_equals_llama_cpp_style_count_from_eager_logits(tmp_path, full_logits):
     from execupy.llm.tokenizer import load_tokenizer
-    from tests.llm.test_export_runner import export_tiny
+    from tests.llm.test_export_runner import _write_tiny_model
 
     text = (REPO / "execupy/llm/data/us_constitution.txt").read_text()[:4000]
     (tmp_path / "text.txt").write_text(text)
-    result, _ = export_tiny(tmp_path)  # a tiny random Llama with its own BPE tokenizer
-    done = _cli("perplexity", str(result.pte_path), "--text", str(tmp_path / "text.txt"), "--ctx", "16",
-                "--chunks", "3")
+    folder = _write_tiny_model(tmp_path / "hf")  # a tiny random Llama with its own BPE tokenizer
+    result = export_llm(folder, tmp_path / "tiny.pte", max_seq_len=32, max_prefill_len=6,
+                        generate_full_logits=full_logits)
+    # Windows of 16 fed 6 tokens a call: calls straddle the scored half's start at token 8.
+    chunks = [] if full_logits else ["--chunks", "3"]  # the whole text, or a token per call for 3 windows
+    done = _cli("perplexity", str(result.pte_path), "--text", str(tmp_path / "text.txt"), "--ctx", "16", *chunks)
     assert done.returncode == 0, done.stderr
-    ppl, count = re.search(r"PPL = ([0-9.]+) over (\d+) tokens", done.stdout).groups()
+    assert ("each scored token costs a call" in done.stderr) != full_logits
+    ppl, count, windows = re.search(r"PPL = ([0-9.]+) over (\d+) tokens \((\d+) windows", done.stdout).groups()
 
     tokens = load_tokenizer(result.tokenizer_path).encode(text)
-    config, state = load_checkpoint(tmp_path / "hf")
+    assert int(windows) == (len(tokens) // 16 if full_logits else 3)
+    config, state = load_checkpoint(folder)
     full = Transformer.from_state_dict(config, state, max_seq_len=64, use_kv_cache=False)
-    nll, n = 0.0, 0
-    for w in range(3):  # windows of 16, the second half scored: logits after token j score token j + 1
-        window = torch.tensor([tokens[w * 16:(w + 1) * 16]])
-        with torch.no_grad():
-            logp = torch.log_softmax(full(window)[0].double(), dim=-1)
-        for j in range(8, 15):
-            nll -= float(logp[j, window[0, j + 1]])
-            n += 1
-    assert int(count) == n == 21
-    assert float(ppl) == pytest.approx(math.exp(nll / n), rel=1e-4)
+    want, n = eager_perplexity(full, tokens, 16, int(windows))
+    assert int(count) == n == 7 * int(windows)
+    assert float(ppl) == pytest.approx(want, rel=1e-4)
 
 
 def test_a_gguf_type_not_kept_as_is_is_requantized_to_int8_groups_with_its_cost_said(tmp_path):

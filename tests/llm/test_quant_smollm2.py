@@ -3,15 +3,20 @@
 - ``--quantize gguf`` keeps the Q4_1 GGUF's own blocks: the .pte is at most a third of the
   fp32 one, and ``execupy generate`` (a subprocess) produces, for 3 prompts, the same 64
   greedy tokens as torch eager running the dequantized weights (same weights, same tokens).
-- ``--quantize 8da4w --group-size 32`` keeps the file's Q4_1 blocks, runs in ExecuTorch's
-  runtime with the logits of ours, and our fused runtime binds every linear as one
-  quantized mat-mul. Its perplexity (``execupy perplexity``, 2 windows of 128) is within 30%
-  of the fp32 program's, not 5%: the tied output head, Q8_0 in the file, is still rounded
-  to int4; see the README's table.
+- ``--quantize 8da4w --group-size 32`` keeps the file's Q4_1 blocks (and its Q8_0 head as
+  int8 groups), runs in ExecuTorch's runtime with the logits of ours, and our fused runtime
+  binds every linear as one quantized mat-mul.
+- Over the whole text (``execupy perplexity``, windows of 128, programs with full logits),
+  ``int4 --group-size 32`` scores the fp32 program's perplexity (the file's weights exactly)
+  and ``8da4w --group-size 32`` is within 5% of it (issue 9): its int8 activations are all
+  that is left.
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -22,7 +27,7 @@ from execupy.llm.loaders import load_checkpoint, smollm2_gguf_path
 from execupy.llm.runner import LLMRunner
 from execupy.runtime import Module
 from execupy.runtime.fusion import plan_fusion
-from tests.llm.test_quant import _cli
+from tests.llm.test_quant import REPO
 from tests import reference
 from tests.llm.smollm2_cache import MAX_SEQ_LEN, smollm2_program
 from tests.llm.test_raw_prompt import run_generate
@@ -74,15 +79,30 @@ def test_8da4w_program_fuses_every_quantized_linear():
     assert fused.steps_per_call < fused.num_instructions / 2  # 2 / 3 of them without the quantized linears
 
 
-def test_8da4w_perplexity_stays_near_fp32_because_the_files_4bit_blocks_are_kept():
-    def ppl(pte) -> float:
-        done = _cli("perplexity", str(pte), "--text", "execupy/llm/data/us_constitution.txt", "--ctx", "128",
-                    "--chunks", "2")
-        assert done.returncode == 0, done.stderr
-        return float(re.search(r"PPL = ([0-9.]+)", done.stdout).group(1))
+def whole_text_perplexity(pte) -> float:
+    """``execupy perplexity`` over the whole text, windows of 128 (a subprocess). The program
+    returns full logits and takes 128 tokens a call: one call per window. EXECUPY_FUSION=0 and
+    one BLAS thread only make it faster on a busy machine: for 128-row products the portable
+    dequantize-then-BLAS path is several times faster than the fused quantized mat-mul (the
+    same values; its binding is tested above)."""
+    done = subprocess.run([sys.executable, "-m", "execupy", "perplexity", str(pte), "--text",
+                           "execupy/llm/data/us_constitution.txt", "--ctx", "128"], cwd=REPO, capture_output=True,
+                          text=True, timeout=1200,
+                          env={**os.environ, "EXECUPY_FUSION": "0", "OPENBLAS_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "each scored token costs a call" not in done.stderr
+    ppl, scored = re.search(r"PPL = ([0-9.]+) over (\d+) tokens", done.stdout).groups()
+    assert int(scored) == 48 * 63  # 6,170 tokens: 48 windows, the last 63 of each scored
+    return float(ppl)
 
-    fp32, q = ppl(smollm2_program()), ppl(smollm2_program(quantize="8da4w", group_size=32))
-    # Measured: 5.98 vs 4.97 on these 2 windows (+20%), +14.7% on 6 (the Q8_0 output head
-    # rounded to int4, and the int8 activations). Not within 5%, as issue 9 asks; but
-    # re-rounding the Q4_1 blocks onto a symmetric grid, as before, made it +91%.
-    assert q < 1.3 * fp32, (q, fp32)
+
+def test_int4_and_8da4w_perplexity_within_5_percent_of_fp32_over_the_whole_text():
+    fp32, int4, q = (whole_text_perplexity(smollm2_program(max_prefill_len=128, quantize=mode,
+                                                           group_size=32 if mode else None, full_logits=True))
+                     for mode in (None, "int4", "8da4w"))
+    # int4 keeps every weight as the file's own value (Q4_1 / Q4_0 4-bit, the Q8_0 head and
+    # embedding 8-bit): the fp32 program's weights exactly, up to the order of float sums.
+    assert int4 == pytest.approx(fp32, rel=1e-3), (int4, fp32)
+    # 8da4w adds only its int8 per-token activations. Measured: 8.977 vs 8.608, +4.3%
+    # (before the Q8_0 head stayed 8-bit: +14.7% on the first 6 windows).
+    assert q < 1.05 * fp32, (q, fp32)

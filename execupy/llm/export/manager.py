@@ -8,9 +8,9 @@
 source transforms or a delegate, or to look at the graph between stages.
 
 The program has one ``forward(tokens [1, T] int64, input_pos [1] int64) -> logits [1, 1, vocab]``
-method with a KV cache held in mutable buffers (T dynamic in 1..max_prefill_len), updated
-and attended in place by the ``llama::`` custom ops unless ``custom_ops=False``, and
-constant methods the runner reads instead of a side config file:
+method (``[1, T, vocab]`` with ``generate_full_logits``) with a KV cache held in mutable
+buffers (T dynamic in 1..max_prefill_len), updated and attended in place by the ``llama::``
+custom ops unless ``custom_ops=False``, and constant methods the runner reads instead of a side config file:
 
     get_max_seq_len, get_max_context_len, get_max_prefill_len, get_vocab_size, get_n_layers,
     get_bos_id, get_eos_ids (list), use_kv_cache, use_sdpa_with_kv_cache, enable_dynamic_shape,
@@ -86,6 +86,7 @@ def export_llm(
     group_size: int | None = None,
     embedding_quantize: str | None = None,
     progress_bar: Optional[bool] = False,
+    generate_full_logits: bool = False,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
     and its tokenizer: every stage of LLMExportManager in order. ``progress`` receives
@@ -101,7 +102,11 @@ def export_llm(
 
     ``quantize`` ("int8", "int4", "8da4w", "8da8w" or "gguf"), ``group_size`` and
     ``embedding_quantize`` ("8", "4" or "4,32") are ExecuTorch's quantization options; the
-    graphs they write are those of docs/quantized-llm.md."""
+    graphs they write are those of docs/quantized-llm.md.
+
+    ``generate_full_logits`` (ExecuTorch's name) makes forward return the logits of every
+    token fed, ``[1, T, vocab]``, instead of the last one's: what ``execupy perplexity``
+    scores a whole window from in a few calls. The runner samples from the last row either way."""
     _check_dtype(dtype)  # before the (slow) load, not after
     transforms = quant_transforms(quantize, group_size, embedding_quantize, dtype, checkpoint_path, progress)
     if backend not in BACKENDS:
@@ -109,7 +114,8 @@ def export_llm(
     output_path = Path(output_path)
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
-                                               progress=progress, progress_bar=progress_bar)
+                                               progress=progress, progress_bar=progress_bar,
+                                               full_logits=generate_full_logits)
     if backend == "xnnpack":
         from execupy.llm.export.xnnpack_linears import xnnpack_linear_forms
 
@@ -193,9 +199,10 @@ class LLMExportManager:
     @classmethod
     def from_checkpoint(cls, checkpoint_path: str | os.PathLike, max_seq_len: int | None = None,
                         max_prefill_len: int | None = None, custom_ops: bool = True,
-                        progress: Optional[Progress] = None, progress_bar: Optional[bool] = False
-                        ) -> "LLMExportManager":
-        """Load weights and tokenizer from a .gguf file, an HF folder or a Meta folder."""
+                        progress: Optional[Progress] = None, progress_bar: Optional[bool] = False,
+                        full_logits: bool = False) -> "LLMExportManager":
+        """Load weights and tokenizer from a .gguf file, an HF folder or a Meta folder;
+        ``full_logits``: forward returns every position's logits, not only the last one's."""
         say = progress or (lambda _msg: None)
         t0 = time.perf_counter()
         say(f"loading {checkpoint_path}")
@@ -203,7 +210,7 @@ class LLMExportManager:
             config, state = load_checkpoint(checkpoint_path)
             tokenizer = _load_tokenizer_or_none(checkpoint_path, say)
             model = Transformer.from_state_dict(config, state, max_seq_len=max_seq_len, use_kv_cache=True,
-                                                last_logits_only=True, use_custom_ops=custom_ops)
+                                                last_logits_only=not full_logits, use_custom_ops=custom_ops)
         manager = cls(model, tokenizer, max_prefill_len, progress, progress_bar)
         manager._t0 = t0
         say(f"model: {config.arch}, {config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}; "

@@ -279,10 +279,13 @@ class Transformer(nn.Module):
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """[N, dim] -> [1, N, vocab]. One row (the export's last_logits_only) is multiplied as
-        ``W @ column``: no transposed weight, which for tied embeddings would be a second copy
-        of the embedding table. A swapped-in (quantized) head runs its own forward."""
-        if self.column_head and self.last_logits_only and type(self.output) is nn.Linear and self.output.bias is None:
-            return (self.output.weight @ h.reshape(-1, 1)).reshape(1, 1, -1)
+        ``W @ column``, every row (generate_full_logits) as ``(W @ h^T)^T``: no transposed
+        weight, which for tied embeddings would be a second copy of the embedding table. A
+        swapped-in (quantized) head runs its own forward."""
+        if self.column_head and type(self.output) is nn.Linear and self.output.bias is None:
+            if self.last_logits_only:
+                return (self.output.weight @ h.reshape(-1, 1)).reshape(1, 1, -1)
+            return (self.output.weight @ h.transpose(0, 1)).transpose(0, 1).unsqueeze(0)  # every row, weight-first
         return self.output(h).unsqueeze(0)
 
     def reset_cache(self) -> None:

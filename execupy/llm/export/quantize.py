@@ -7,7 +7,8 @@ modules whose forward traces to the graph forms of ``docs/quantized-llm.md``.
 
 Modes (ExecuTorch's names): ``int8`` weight-only per channel, ``int4`` weight-only grouped,
 ``8da4w`` / ``8da8w`` int8 dynamic per-token activations with int4 grouped / int8
-per-channel weights, and ``gguf``, which keeps a GGUF file's own blocks (Q8_0, Q4_0, Q4_1,
+per-channel weights (``int4`` / ``8da4w`` from a GGUF keep its Q4_0/Q4_1/Q8_0 blocks of
+32), and ``gguf``, which keeps a GGUF file's own blocks (Q8_0, Q4_0, Q4_1,
 F16, BF16) instead of quantizing again. Every form is "dequantize a constant (add a
 constant minimum) (view), then the fp32 program's matmul", in ops ExecuTorch's stock
 runtime has, so any runtime runs it and a fast one can fuse it.
@@ -55,6 +56,10 @@ class DequantizedWeight(nn.Module):
         self.register_buffer("scales", scales)
         self.register_buffer("minimum", minimum)
         self.quant_min, self.quant_max, self.shape = quant_min, quant_max, tuple(shape)
+
+    @property
+    def bits(self) -> int:
+        return (self.quant_max - self.quant_min + 1).bit_length() - 1
 
     def forward(self) -> torch.Tensor:
         w = _qd.dequantize_per_channel(self.q, self.scales, None, 0, self.quant_min, self.quant_max, torch.int8)
@@ -153,7 +158,7 @@ def get_quant_weight_transform(mode: str, group_size: int | None = None,
                                checkpoint: str | os.PathLike | None = None,
                                say: Callable[[str], None] | None = None) -> Transform:
     """The source transform for ``--quantize mode``. ``checkpoint``: the .gguf, for ``gguf``, and
-    for int4 / 8da4w, which keep its 4-bit blocks (see quantize_linears); ``say`` gets an info line."""
+    for int4 / 8da4w, which keep its Q4_0/Q4_1/Q8_0 blocks (see quantize_linears); ``say`` gets an info line."""
     check_mode(mode, group_size, checkpoint)
     if mode == "gguf":
         return lambda model: keep_gguf_weights(model, checkpoint)
@@ -177,18 +182,26 @@ def quantize_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROU
                      say: Callable[[str], None] | None = None) -> nn.Module:
     """Swap every ``nn.Linear`` for a QuantizedLinear of ``mode`` (in place; returns model).
 
-    4-bit groups of 32 from a GGUF ``checkpoint`` whose tensor is already Q4_0 / Q4_1 keep the
-    file's own 4-bit values and scales (minimums): rounding 4-bit values a second time onto a
-    symmetric grid that does not line up with theirs about doubles SmolLM2's perplexity."""
+    Groups of 32 from a GGUF ``checkpoint`` (int4 / 8da4w with ``group_size`` 32) keep the
+    file's own blocks where its tensor is Q4_0 / Q4_1 (4-bit) or Q8_0 (int8 groups of 32,
+    with a QuantizationWarning naming the layer): rounding them a second time onto a
+    symmetric 4-bit grid that does not line up with theirs about doubles SmolLM2's
+    perplexity, and rounding its Q8_0 output head to 4 bits alone costs +10%. A tied
+    embedding then reads the head's kept table instead of its own fp32 copy."""
     spec = _MODES[mode]
-    kept = gguf_4bit_forms(model, checkpoint) if spec.grouped and group_size == GGUF_GROUP else {}
+    keeps_blocks = spec.grouped and group_size == GGUF_GROUP
+    kept = gguf_kept_forms(model, checkpoint) if keeps_blocks else {}
     if say is not None and checkpoint is not None and os.fspath(checkpoint).endswith(".gguf"):
-        say(f"{len(kept)} of {len(list(_linears(model)))} linears keep the GGUF file's 4-bit blocks"
-            + ("" if spec.grouped and group_size == GGUF_GROUP else f" (only int4/8da4w with --group-size {GGUF_GROUP} can)"))
+        say(_kept_summary(kept, len(list(_linears(model))), keeps_blocks))
+    tied = _tied_embedding(model)
     for name, parent, attr, linear in _linears(model):
         k = linear.in_features
         if name in kept:
             form = kept[name]
+            if form.bits == 8:
+                warnings.warn(f"{name}: kept as int8 groups of {GGUF_GROUP} (the GGUF's Q8_0 blocks), not rounded to "
+                              f"int4: {linear.out_features * k / 2 / 2**20:.1f} MiB more than int4 packed two "
+                              "per byte", QuantizationWarning, stacklevel=2)
         elif spec.grouped and k % group_size == 0:
             form = grouped(linear.weight, spec.weight_bits, group_size)
         else:
@@ -198,7 +211,37 @@ def quantize_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROU
             form = per_channel_int8(linear.weight)
         bias = None if linear.bias is None else linear.bias.detach()
         setattr(parent, attr, QuantizedLinear(form, bias, spec.dynamic_activations))
+    if tied is not None and "output" in kept:
+        share_embedding_table(model, kept["output"], tied)
     return model
+
+
+def _kept_summary(kept: dict[str, DequantizedWeight], linears: int, keeps_blocks: bool) -> str:
+    if not keeps_blocks:
+        return f"0 of {linears} linears keep the GGUF file's blocks (only int4/8da4w with --group-size {GGUF_GROUP} can)"
+    eight = sorted(name for name, form in kept.items() if form.bits == 8)
+    line = f"{len(kept) - len(eight)} of {linears} linears keep the GGUF file's 4-bit blocks"
+    return line + (f", {len(eight)} its Q8_0 blocks as int8 groups of {GGUF_GROUP} ({', '.join(eight)})" if eight else "")
+
+
+def _tied_embedding(model: nn.Module) -> Optional[torch.Tensor]:
+    """The float table a plain token embedding shares with the output linear, else None."""
+    emb, out = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    if type(emb) is nn.Embedding and type(out) is nn.Linear and out.weight is emb.weight:
+        return emb.weight.detach()
+    return None
+
+
+def share_embedding_table(model: nn.Module, form: DequantizedWeight, table: Optional[torch.Tensor] = None) -> None:
+    """The token embedding reads ``form``'s grouped table (the tied output's own constants,
+    stored once) when its groups are rows of ``[V*D/G, G]`` and, given ``table``, when they
+    rebuild those float values exactly."""
+    if form.q.dim() != 2 or form.q.shape[1] != GGUF_GROUP:
+        return
+    with torch.no_grad():
+        if table is not None and not torch.equal(form(), table):
+            return
+    model.tok_embeddings = GroupedTableEmbedding(form)
 
 
 def _linears(model: nn.Module):
@@ -424,15 +467,15 @@ def keep_gguf_weights(model: nn.Module, checkpoint: str | os.PathLike) -> nn.Mod
         bias = None if linear.bias is None else linear.bias.detach()
         setattr(parent, attr, QuantizedLinear(form, bias))
     emb = forms.get("tok_embeddings")
-    if isinstance(emb, DequantizedWeight) and emb.q.dim() == 2 and emb.q.shape[1] == GGUF_GROUP:
-        model.tok_embeddings = GroupedTableEmbedding(emb)  # the same buffers as a tied output
+    if isinstance(emb, DequantizedWeight):
+        share_embedding_table(model, emb)  # the same buffers as a tied output
     return model
 
 
-def gguf_4bit_forms(model: nn.Module, checkpoint: str | os.PathLike | None) -> dict[str, DequantizedWeight]:
-    """Linear name -> the file's own Q4_0 / Q4_1 blocks, for the linears of ``model`` whose GGUF
-    tensor is one (Q4_0 is symmetric int4 with q - 8; Q4_1 the grouped form with a minimum).
-    Empty for a checkpoint that is not a .gguf."""
+def gguf_kept_forms(model: nn.Module, checkpoint: str | os.PathLike | None) -> dict[str, DequantizedWeight]:
+    """Linear name -> the file's own blocks, for the linears of ``model`` whose GGUF tensor is
+    Q4_0 / Q4_1 (Q4_0 is symmetric int4 with q - 8; Q4_1 the grouped form with a minimum) or
+    Q8_0 (grouped int8). Empty for a checkpoint that is not a .gguf."""
     if checkpoint is None or not os.fspath(checkpoint).endswith(".gguf"):
         return {}
     from execupy.llm.gguf_loader import GGUFFile
@@ -440,7 +483,7 @@ def gguf_4bit_forms(model: nn.Module, checkpoint: str | os.PathLike | None) -> d
     f = GGUFFile(checkpoint)
     modules = _gguf_module_tensors(f)
     forms = {module: _blocks_weight(_gguf_blocks_in_model_order(f, gguf_name, module, model.config))
-             for module, gguf_name in modules.items() if f.tensor_type(gguf_name) in ("Q4_0", "Q4_1")}
+             for module, gguf_name in modules.items() if f.tensor_type(gguf_name) in ("Q4_0", "Q4_1", "Q8_0")}
     return {name: form for name, _, _, _, form in _linear_sources(model, forms)}
 
 
