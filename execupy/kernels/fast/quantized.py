@@ -246,25 +246,30 @@ def _compile() -> Optional[dict[str, Callable]]:
                 odd[j] = np.float32(np.uint8(v >> four)) * sg[j] + og[j]
 
     @numba.njit(cache=True)
+    def _token_qparams(row):
+        # choose_qparams_per_token_asymmetric's arithmetic for one row, in float32: (scale, zero point)
+        eps = np.float32(np.finfo(np.float32).eps)
+        lo = np.float32(0)
+        hi = np.float32(0)
+        for c in range(row.shape[0]):
+            lo = min(lo, row[c])
+            hi = max(hi, row[c])
+        s = max(np.float32((hi - lo) / np.float32(255)), eps)
+        dmin, dmax = np.float32(lo / s), np.float32(hi / s)
+        if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
+            z = np.float32(-128) - dmin
+        else:
+            z = np.float32(127) - dmax
+        return s, np.round(min(max(z, np.float32(-128)), np.float32(127)))
+
+    @numba.njit(cache=True)
     def _quantize_per_token(x):
         m, k = x.shape
         q = np.empty((m, k), np.int8)
         scale = np.empty(m, np.float32)
         zero = np.empty(m, np.int64)
-        eps = np.float32(np.finfo(np.float32).eps)
         for r in range(m):
-            lo = np.float32(0)
-            hi = np.float32(0)
-            for c in range(k):
-                lo = min(lo, x[r, c])
-                hi = max(hi, x[r, c])
-            s = max(np.float32((hi - lo) / np.float32(255)), eps)
-            dmin, dmax = np.float32(lo / s), np.float32(hi / s)
-            if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
-                z = np.float32(-128) - dmin
-            else:
-                z = np.float32(127) - dmax
-            z = np.round(min(max(z, np.float32(-128)), np.float32(127)))
+            s, z = _token_qparams(x[r])
             scale[r] = s
             zero[r] = np.int64(z)
             inv = np.float32(1.0) / s
@@ -278,21 +283,9 @@ def _compile() -> Optional[dict[str, Callable]]:
         # Step for step the numpy kernels' arithmetic: range and scale in float32, then the
         # quantize and dequantize in float64 (the graph's scales are float64), no fastmath.
         m, k = x.shape
-        eps = np.float32(np.finfo(np.float32).eps)
         for r in range(m):
-            lo = np.float32(0)
-            hi = np.float32(0)
-            for c in range(k):
-                lo = min(lo, x[r, c])
-                hi = max(hi, x[r, c])
-            s = max(np.float32((hi - lo) / np.float32(255)), eps)
-            dmin, dmax = np.float32(lo / s), np.float32(hi / s)
-            if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
-                z = np.float32(-128) - dmin
-            else:
-                z = np.float32(127) - dmax
-            z64 = np.float64(np.round(min(max(z, np.float32(-128)), np.float32(127))))
-            s64 = np.float64(s)
+            s, z = _token_qparams(x[r])
+            z64, s64 = np.float64(z), np.float64(s)
             inv = 1.0 / s64
             for c in range(k):
                 v = min(max(np.round(np.float64(x[r, c]) * inv + z64), -128.0), 127.0)
