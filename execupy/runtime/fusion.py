@@ -49,6 +49,7 @@ user's version of this rule.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -664,19 +665,19 @@ def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
         if sig is None or sig.args[0] != gate or not _float32(g, gate, anchor.out):
             continue
         return Fused("silu", frozenset(m.pcs), anchor.pc, (gate,), anchor.out,
-                     lambda method: _silu_step(method, gate, anchor.out))
+                     lambda method: _unary_step(method, "execupy.kernels.fast", "silu", gate, anchor.out))
     return None
 
 
-def _silu_step(method, gate: int, out: int):
-    from ..kernels.fast import silu
+def _unary_step(method, module: str, kernel: str, x: int, out: int):
+    """A fused step out = kernel(x), the kernel looked up in `module` when the step is bound."""
+    fn = getattr(importlib.import_module(module), kernel)
+    gx, store = _get(method, x), method._store_fn(out)
 
-    gg, store = _get(method, gate), method._store_fn(out)
+    def unary_step():
+        store(fn(gx()))
 
-    def silu_step():
-        store(silu(gg()))
-
-    return silu_step
+    return unary_step
 
 
 _CHOOSE_PER_TOKEN = "quantized_decomposed::choose_qparams_per_token_asymmetric.out"
@@ -706,18 +707,8 @@ def _match_fake_quantize_per_token(g: Graph, anchor: Node) -> Optional[Fused]:
     if not (_float32(g, x, anchor.out) and g.dtype(s) == np.float64 and g.dtype(z) == np.int64):
         return None
     return Fused("fake_quantize_per_token", frozenset(pcs), anchor.pc, (x,), anchor.out,
-                 lambda method: _fake_quantize_per_token_step(method, x, anchor.out))
-
-
-def _fake_quantize_per_token_step(method, x: int, out: int):
-    from ..kernels.fast.quantized import fake_quantize_per_token
-
-    gx, store = _get(method, x), method._store_fn(out)
-
-    def fake_quantize_per_token_step():
-        store(fake_quantize_per_token(gx()))
-
-    return fake_quantize_per_token_step
+                 lambda method: _unary_step(method, "execupy.kernels.fast.quantized", "fake_quantize_per_token",
+                                            x, anchor.out))
 
 
 _DEQUANTIZE = "quantized_decomposed::dequantize_per_channel.out"
