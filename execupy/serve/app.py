@@ -35,7 +35,11 @@ from .protocol import (
 )
 
 DISCONNECT_POLL_S = 0.1  # how often a waiting request checks that its client is still there
-MAX_BODY_BYTES = 8 << 20  # far more than any context holds; a bigger body is refused unread
+MAX_BODY_BYTES = 8 << 20  # far more than any context holds; a bigger body is refused, not held
+# A refused body is still read (and dropped) up to this many bytes before the 413 goes out:
+# closing a socket with unread bytes in it makes the kernel send a reset, and the client then
+# sees "connection reset" instead of our error. Past this, we stop reading and close.
+MAX_DRAINED_BYTES = 64 << 20
 
 
 async def read_body(request: Request) -> bytes:
@@ -43,9 +47,12 @@ async def read_body(request: Request) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes", code="request_too_large")
-        chunks.append(chunk)
+        if size > MAX_DRAINED_BYTES:
+            break
+        if size <= MAX_BODY_BYTES:
+            chunks.append(chunk)
+    if size > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes", code="request_too_large")
     return b"".join(chunks)
 
 
