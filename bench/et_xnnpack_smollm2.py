@@ -18,8 +18,10 @@ of three prompts, one run each, greedy:
 
 Both stop at the program's end-of-sequence ids. Printed per prompt: tokens equal or the
 first difference (with both runtimes' logits for the two top tokens at that step, fed
-ExecuTorch's own tokens up to it, so a near-tie shows as one), and decode tok/s of ours
-beside the runner's. Exit status 1 on any
+ExecuTorch's own tokens up to it, so a near-tie shows as one), a control (ExecuTorch's
+runtime against itself with MKL_CBWR=COMPATIBLE, i.e. another summation order in the MKL
+sgemm its custom_sdpa calls: how far the greedy tokens survive a change in the last bits of
+the attention), and decode tok/s of ours beside the runner's. Exit status 1 on any
 difference.
 """
 from __future__ import annotations
@@ -86,6 +88,13 @@ def compare_prompt(pte: Path, tokenizer: Path, prompt: str, new_tokens: int) -> 
         f"first difference at token {at}: ours {ours[at:at + 3]}, theirs {theirs_ids[at:at + 3]}"))
     if at is not None:
         lines.append("  " + logits_at(pte, ids["prompt_ids"], theirs_ids[:at]))
+    # The control: ExecuTorch against itself with MKL on another code path (same arithmetic,
+    # another order of summation in the sgemm its attention calls: docs/xnnpack-export.md).
+    control = reference_greedy(pte, ids["prompt_ids"], new_tokens, eos_ids=list(tok.eos_ids),
+                               extra_env={"MKL_CBWR": "COMPATIBLE"})
+    at_control = first_difference(control, theirs_ids)
+    lines.append("  control, ExecuTorch's runtime with MKL_CBWR=COMPATIBLE vs without: " + (
+        f"equal, {len(control)} tokens" if at_control is None else f"first difference at token {at_control}"))
     try:
         runner, _ = generate_with_et_runner(pte, tokenizer, prompt, new_tokens)
     except NotAvailable as e:  # the ids above still compare; say why the runner gave nothing

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from tests.reference import ReferenceError, _last_lines, reference_python
 
@@ -150,11 +150,13 @@ print(json.dumps(out))
 
 
 def reference_greedy(pte: Path, prompt: Sequence[int], max_new_tokens: int,
-                     eos_ids: Sequence[int] = (EOS_ID,)) -> list[int]:
-    """The tokens ExecuTorch's runtime picks greedily after ``prompt`` (the EOS included)."""
+                     eos_ids: Sequence[int] = (EOS_ID,), extra_env: Optional[dict[str, str]] = None) -> list[int]:
+    """The tokens ExecuTorch's runtime picks greedily after ``prompt`` (the EOS included);
+    `extra_env` adds variables to its process's environment (e.g. MKL_CBWR)."""
     cmd = [str(reference_python()), "-c", _GREEDY_WORKER, str(pte), json.dumps(list(prompt)),
            str(max_new_tokens), json.dumps(list(eos_ids))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, **extra_env} if extra_env else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode != 0:
         raise ReferenceError(f"greedy worker exited {proc.returncode}: {_last_lines(proc.stderr)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

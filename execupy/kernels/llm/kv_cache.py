@@ -75,15 +75,16 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
         if positions is not None:
             future = n + np.arange(scores.shape[-1])[None, :] > positions[:, None]  # [R, block]
             scores[:, future] = -np.inf
+        # Every row sees key 0, so from the first block on its max is finite: masked scores
+        # weigh exp(-inf) = 0, and the first block's rescale is exp(-inf - max) = 0.
         new_max = np.maximum(row_max, scores.max(axis=-1, keepdims=True))
-        live = new_max != -np.inf  # a row whose keys so far are all in its future has nothing yet
-        safe_max = np.where(live, new_max, 0)
-        weights = _exp(scores - safe_max)
-        rescale = _exp(np.where(live, row_max - safe_max, 0))  # 0 on the first block: exp(-inf)
-        row_sum = np.where(live, _lane_sum(weights) + rescale * row_sum, row_sum)
-        acc = np.where(live, acc * rescale, acc) if n else acc
+        weights = _exp(scores - new_max)
+        rescale = _exp(row_max - new_max)
+        row_sum = _lane_sum(weights) + rescale * row_sum
+        if n:
+            acc *= rescale
         acc += np.matmul(weights, v[:, n : n + KV_BLOCK])
-        row_max = np.where(live, new_max, row_max)
+        row_max = new_max
     return acc * (1 / row_sum)
 
 
