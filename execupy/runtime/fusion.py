@@ -780,9 +780,11 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
     from ..kernels.fast.quantized import pack, qlinear
 
     values = method.values
-    packed = pack(values[q].reshape(n, k), values[scales], None, group,
-                  None if mins is None else values[mins])
-    method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
+    packed = method._load_cache.get(("packed", q))
+    if packed is None:  # packed once per method: a shape plan rebinds this step with the same weight
+        packed = method._load_cache[("packed", q)] = pack(values[q].reshape(n, k), values[scales], None, group,
+                                                          None if mins is None else values[mins])
+        method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
     get_rows, store = _get(method, rows), method._store_fn(out)
 
     def quantized_linear_step():
