@@ -329,11 +329,15 @@ class Alias:
         # Contiguous, as the copy kernel's planned output is: a strided operand can take another
         # BLAS or reduction path and round differently. A contiguous view costs no copy.
         view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
-        if static and self.constant and all(s for s, _ in params):
+        if static and all(s for s, _ in params):
             try:
-                return True, view(src, *(p for _, p in params))
+                made = view(src, *(p for _, p in params))
             except Exception:  # a malformed view: leave the error to the call, as the copy kernel would
-                pass
+                made = None
+            # Made once: of a constant, or a true view of a planned array (whose bytes it reads
+            # when the consumer runs); a copy of a planned array must be made at each read.
+            if made is not None and (self.constant or np.may_share_memory(made, src)):
+                return True, made
         # Otherwise made at each read: a reshape of a strided array is a copy, not a view.
         getters = [(lambda p=p: p) if s else p for s, p in params]
         get_src = (lambda: src) if static else src
