@@ -60,6 +60,7 @@ import numpy as np
 from ..kernels.portable._util import norm_dim
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
 from ..schema import program as P
+from . import blas_threads
 from .chains import bind_chain, find_chains
 
 
@@ -792,7 +793,9 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
     get_rows, store = _get(method, rows), method._store_fn(out)
 
     def quantized_linear_step():
-        store(qlinear(get_rows().T, packed).T)  # mm(W, rows) = (rows.T @ W.T).T
+        x = get_rows()
+        blas_threads.for_rows(x.shape[-1])  # a prompt's rows are BLAS products (blas_threads.py)
+        store(qlinear(x.T, packed).T)  # mm(W, rows) = (rows.T @ W.T).T
 
     return quantized_linear_step
 

@@ -39,6 +39,7 @@ from ..errors import (
 from ..schema import program as P
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
+from . import blas_threads
 from .backends import BackendContext, backend_names, get_backend
 from .fusion import fusion_enabled, plan_fusion
 
@@ -75,6 +76,36 @@ MAX_SHAPE_PLANS = 8  # per method: decode plus a few prefill lengths
 # Symbolic ints that follow from shapes only: frozen in a shape plan (an int read from a
 # tensor's data, such as `_local_scalar_dense`, stays read at run time).
 _SHAPE_INT_OPS = frozenset({"aten::sym_size.int", "aten::sym_numel"})
+
+
+def _narrow(a, b) -> int:
+    """The smaller outer size of a @ b (batch included): a mat-vec has 1 whichever side the vector is."""
+    batch = a.size // (a.shape[-2] * a.shape[-1]) if a.shape[-2] and a.shape[-1] else 1
+    return batch * min(a.shape[-2], b.shape[-1])
+
+
+# BLAS products -> the size that says how much a second thread can help (blas_threads.py)
+_BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
+    "aten::mm.out": lambda a, b, *_: _narrow(a, b),
+    "aten::bmm.out": lambda a, b, *_: _narrow(a, b),
+    "aten::addmm.out": lambda bias, a, b, *_: _narrow(a, b),
+    "aten::baddbmm.out": lambda bias, a, b, *_: _narrow(a, b),
+    "aten::linear.out": lambda x, *_: x.size // x.shape[-1] if x.shape[-1] else 1,
+}
+
+
+def _threads_by_rows(fn: Callable, rows: Callable[..., int]) -> Callable:
+    """`fn` run with the BLAS threads its rows call for (one for a mat-vec: blas_threads.py)."""
+    def product(*args):
+        try:
+            n = rows(*args)
+        except (AttributeError, IndexError, TypeError):  # not matrices: the kernel says what is wrong
+            n = None
+        if n is not None:
+            blas_threads.for_rows(n)
+        return fn(*args)
+
+    return product
 
 
 def shape_plans_enabled() -> bool:
@@ -535,6 +566,8 @@ class Method:
                 f"operator {key} (method {self.name!r}, instruction {pc}) {missing_kernel_reason(key)}")
         if not ins.args:
             raise MalformedProgramError(f"method {self.name!r}: instruction {pc} ({key}) has no arguments")
+        if key in _BLAS_PRODUCTS and blas_threads.default_threads() is not None:
+            fn = _threads_by_rows(fn, _BLAS_PRODUCTS[key])
         if key == "executorch_prim::et_copy_index.tensor":
             # map loops: the emitter writes no return slot; all three args are inputs and the
             # grown stacked output (DYNAMIC_BOUND) replaces argument 0.
@@ -758,6 +791,8 @@ class Method:
             raise KernelError(
                 f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}) failed: {type(e).__name__}: {e}"
             ) from e
+        finally:
+            blas_threads.restore()
         if plans is not None and plan is None:
             self._plan_shapes(key)
         return [self._output(i) for i in self.plan.outputs]
