@@ -515,6 +515,9 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
 
     ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
     store_h, store = method._store_fn(h), method._store_fn(out)
+    direct = _add_rms_norm_into(method, (a, b, eps, w), h, out)
+    if direct is not None:
+        return direct
 
     def add_rms_norm_step():
         total = np.add(ga(), gb())
@@ -523,6 +526,45 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
         store(normed)
 
     return add_rms_norm_step
+
+
+def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
+    """add + RMSNorm written straight into h's and the norm's planned arrays, when every array is
+    fixed (a static plan, or a shape plan): the ufunc calls of kernels.fast.rms_norm, one by
+    one, each into scratch made at bind time, so no array is allocated and nothing is copied
+    after. None when something is read at run time or the arrays are not the plain case."""
+    parts = [method._arg(i) for i in inputs]
+    into = method._out_array(h), method._out_array(out)
+    if not all(static for static, _ in parts) or any(t is None for t in into):
+        return None
+    (xa, xb, eps, w), (total, normed) = (p for _, p in parts), into
+    arrays = (xa, xb, w, total, normed)
+    if not all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in arrays) or total.ndim == 0:
+        return None
+    if not xa.shape == xb.shape == total.shape == normed.shape or np.may_share_memory(total, normed):
+        return None
+    try:
+        if np.broadcast_shapes(w.shape, total.shape) != total.shape:
+            return None
+        eps = np.asarray(eps, np.float32)
+    except (ValueError, TypeError):
+        return None
+    square, running = np.empty_like(total), np.empty_like(total)
+    inv = np.empty(total.shape[:-1] + (1,), np.float32)
+    n, last = total.shape[-1], running[..., -1:]
+
+    def add_rms_norm_into():
+        np.add(xa, xb, out=total)
+        np.square(total, out=square)
+        np.cumsum(square, axis=-1, dtype=np.float32, out=running)  # added in order, as the portable mean
+        np.true_divide(last, n, out=inv, dtype=np.float32)
+        np.add(inv, eps, out=inv)
+        np.sqrt(inv, out=inv)
+        np.true_divide(1, inv, out=inv)
+        np.multiply(total, inv, out=normed)
+        np.multiply(normed, w, out=normed)
+
+    return add_rms_norm_into
 
 
 def _dims(g: Graph, i: int) -> Optional[tuple]:

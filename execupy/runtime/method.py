@@ -37,6 +37,7 @@ from ..errors import (
     UnsupportedOperatorError,
 )
 from ..schema import program as P
+from ..kernels.portable import linalg as portable_linalg
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
 from . import blas_threads
@@ -106,6 +107,35 @@ def _threads_by_rows(fn: Callable, rows: Callable[..., int]) -> Callable:
         return fn(*args)
 
     return product
+
+
+def _direct_mm(a, b, out) -> Optional[Step]:
+    """mm as the portable kernel runs it (np.matmul into the planned buffer) when the operands
+    are what it passes to np.matmul unchanged, which a step with fixed arguments knows at bind
+    time: its checks and dtype promotion are not repeated on every call."""
+    arrays = (a, b, out)
+    if not all(isinstance(t, np.ndarray) for t in arrays) or a.ndim != 2 or b.ndim != 2:
+        return None
+    if out.dtype not in (np.float32, np.float64) or any(t.dtype != out.dtype for t in arrays):
+        return None
+    if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
+        return None
+    rows, matmul, threads = _narrow(a, b), np.matmul, blas_threads.for_rows
+
+    def mm_step():
+        threads(rows)
+        matmul(a, b, out=out)
+
+    return mm_step
+
+
+# portable kernel -> a binder of the same computation for fixed arguments (None: not these)
+_DIRECT: dict[Callable, Callable[..., Optional[Step]]] = {portable_linalg.mm: _direct_mm}
+
+
+def _direct_step(kernel: Callable, args: tuple, out: Any) -> Optional[Step]:
+    binder = _DIRECT.get(kernel)
+    return None if binder is None or len(args) != 3 or args[2] is not out else binder(*args)
 
 
 def shape_plans_enabled() -> bool:
@@ -463,6 +493,18 @@ class Method:
 
         return store_static
 
+    def _out_array(self, ret: int) -> Optional[np.ndarray]:
+        """The array a step may write value `ret` into directly, when it is fixed: a planned
+        static tensor, or a dynamic one a shape plan fixed. None: use `_store_fn`."""
+        frozen = self._frozen or {}
+        if ret in frozen:
+            out = frozen[ret]
+        elif ret in self._slots or not isinstance(self._plan_values[ret], P.Tensor):
+            return None
+        else:
+            out = self.values[ret]
+        return out if isinstance(out, np.ndarray) else None
+
     def _frozen_store(self, ret: int, v: P.EValue) -> Callable[[Any], None]:
         """The store of a shape plan: into the array the plan fixed for `ret`. Another shape (or
         another value of a shape-derived int) is placed as the general step would and marks the
@@ -560,7 +602,7 @@ class Method:
             raise MalformedProgramError(f"method {self.name!r}: instruction {pc} uses operator {ins.op_index}, "
                                         f"but the plan lists {len(ops)}")
         key = ops[ins.op_index].key
-        fn = get_kernel(key)
+        fn = kernel = get_kernel(key)
         if fn is None:
             raise UnsupportedOperatorError(
                 f"operator {key} (method {self.name!r}, instruction {pc}) {missing_kernel_reason(key)}")
@@ -582,6 +624,10 @@ class Method:
             frozen = self._frozen or {}
             out = frozen.get(ret, self.values[ret])
             if isinstance(self._plan_values[ret], P.Tensor) and (ret not in self._slots or ret in frozen):
+                direct = _direct_step(kernel, args, out)
+                if direct is not None:
+                    return direct
+
                 def call_static_out():  # the common case: write into a planned buffer
                     r = fn(*args)
                     if r is not out:
@@ -593,6 +639,16 @@ class Method:
 
             return call_static
         resolved = [(static, p) for static, p in parts]
+        getters = [(k, p) for k, (static, p) in enumerate(parts) if not static]
+        if len(getters) == 1:  # one value read at run time (a position, say): fill in its slot only
+            args = [p for _, p in parts]
+            (k, get), = getters
+
+            def call_one_dynamic():
+                args[k] = get()
+                store(fn(*args))
+
+            return call_one_dynamic
 
         def call_dynamic():
             store(fn(*[p if static else p() for static, p in resolved]))
