@@ -54,6 +54,7 @@ class _Dynamic:
     storage: np.ndarray  # uint8, upper-bound bytes
     dtype: np.dtype
     upper: tuple[int, ...]
+    placed: Optional[np.ndarray] = None  # the view of `storage` last given to the value table
 
 
 def _view(buf: np.ndarray, dtype: np.dtype, sizes: Sequence[int], dim_order: Sequence[int]) -> np.ndarray:
@@ -350,7 +351,7 @@ class Method:
                 buf[:] = np.frombuffer(self.program.mutable_initial_bytes(t, nbytes), np.uint8)
             view = _view(buf, dtype, sizes, dim_order)
             if t.shape_dynamism != 0:
-                self._dynamic[i] = _Dynamic(buf, dtype, tuple(sizes))
+                self._dynamic[i] = _Dynamic(buf, dtype, tuple(sizes), view)
             return view
 
         if t.data_buffer_idx > 0:  # constant: a read-only view into the file
@@ -550,8 +551,8 @@ class Method:
         if r is current:
             return
         shape = r.shape
-        if current.shape == shape and current.flags.c_contiguous:
-            np.copyto(current, r, casting="unsafe")
+        if current is d.placed and current.shape == shape and current.flags.c_contiguous:
+            np.copyto(current, r, casting="unsafe")  # not after a move made the value another's array
             return
         if len(shape) != len(d.upper) or any(s > u for s, u in zip(shape, d.upper)):
             raise KernelError(
@@ -559,7 +560,7 @@ class Method:
             )
         view = d.storage[: _numel(shape) * d.dtype.itemsize].view(d.dtype).reshape(shape)
         np.copyto(view, r, casting="unsafe")
-        self.values[i] = view
+        self.values[i] = d.placed = view
 
     def _bind(self, pc: int, ins: P.Instruction) -> Step:
         if isinstance(ins, P.KernelCall):
@@ -789,9 +790,11 @@ class Method:
     def _install(self, plan: ShapePlan) -> None:
         """Put the plan's arrays in the value table (the general steps read them there)."""
         if self._installed is not plan:
-            values = self.values
+            values, dynamic = self.values, self._dynamic
             for i, v in plan.frozen.items():
                 values[i] = v
+                if i in dynamic:
+                    dynamic[i].placed = v
             self._installed = plan
         self._diverged = False
 
