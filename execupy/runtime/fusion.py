@@ -692,11 +692,47 @@ def _rope_swapped_step(method, inputs, out: int):
 
     gx, gc, gs = (_get(method, i) for i in inputs)
     store = method._store_fn(out)
+    direct = _rope_swapped_into(method, inputs, out)
+    if direct is not None:
+        return direct
 
     def rope_swapped_step():
         store(rope_swapped(gx(), gc(), gs()))
 
     return rope_swapped_step
+
+
+def _rope_swapped_into(method, inputs, out: int):
+    """kernels.fast.rope_swapped's operations written into the planned output and scratch made
+    at bind time, when every array is fixed and the output shares memory with no input."""
+    parts = [method._arg(i) for i in inputs]
+    result = method._out_array(out)
+    if not all(static for static, _ in parts) or result is None:
+        return None
+    x, cos, sin = (p for _, p in parts)
+    arrays = (x, cos, sin, result)
+    if not all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in arrays) or x.ndim == 0:
+        return None
+    if x.shape != result.shape or x.shape[-1] % 2 or any(np.may_share_memory(t, result) for t in (x, cos, sin)):
+        return None
+    try:
+        if np.broadcast_shapes(x.shape, cos.shape, sin.shape) != x.shape:
+            return None
+    except ValueError:
+        return None
+    half = x.shape[-1] // 2
+    swapped = np.empty_like(x)
+    low, high = x[..., :half], x[..., half:]
+    to_low, to_high = swapped[..., :half], swapped[..., half:]
+
+    def rope_swapped_into():
+        np.copyto(to_low, high)
+        np.copyto(to_high, low)
+        np.multiply(x, cos, out=result)
+        np.multiply(swapped, sin, out=swapped)
+        np.add(result, swapped, out=result)
+
+    return rope_swapped_into
 
 
 def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
