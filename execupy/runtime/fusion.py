@@ -528,6 +528,16 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
     return add_rms_norm_step
 
 
+def _scratch(method, role: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 work array for in-place steps, one per role and shape in a method: steps run one
+    at a time and keep nothing in it between calls, so all steps of a kind share it (a prompt's
+    plan would otherwise hold one per layer)."""
+    key = ("scratch", role, shape)
+    if key not in method._load_cache:
+        method._load_cache[key] = np.empty(shape, np.float32)
+    return method._load_cache[key]
+
+
 def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
     """add + RMSNorm written straight into h's and the norm's planned arrays, when every array is
     fixed (a static plan, or a shape plan): the ufunc calls of kernels.fast.rms_norm, one by
@@ -549,8 +559,8 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
         eps = np.asarray(eps, np.float32)
     except (ValueError, TypeError):
         return None
-    square, running = np.empty_like(total), np.empty_like(total)
-    inv = np.empty(total.shape[:-1] + (1,), np.float32)
+    square, running = _scratch(method, "square", total.shape), _scratch(method, "running", total.shape)
+    inv = _scratch(method, "inverse", total.shape[:-1] + (1,))
     n, last = total.shape[-1], running[..., -1:]
 
     def add_rms_norm_into():
@@ -721,7 +731,7 @@ def _rope_swapped_into(method, inputs, out: int):
     except ValueError:
         return None
     half = x.shape[-1] // 2
-    swapped = np.empty_like(x)
+    swapped = _scratch(method, "swapped", x.shape)
     low, high = x[..., :half], x[..., half:]
     to_low, to_high = swapped[..., :half], swapped[..., half:]
 
