@@ -21,8 +21,8 @@ key is then never planned again. docs/fusion.md, "Shape plans", says the same fo
 from __future__ import annotations
 
 import mmap
-import time
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -748,6 +748,8 @@ class Method:
         plan, derived = self.plan, set()
         for ins in plan.instructions:
             if not isinstance(ins, P.KernelCall) or not ins.args or ins.args[-1] not in self._slots:
+                continue
+            if isinstance(plan.values[ins.args[-1]], (P.Tensor, P.TensorList)):
                 continue
             key = plan.operators[ins.op_index].key
             reads = [a for a in ins.args[:-1] if a in self._slots]
