@@ -255,7 +255,7 @@ class HFTokenizer(Tokenizer):
                 return b""
             return self._added[token_id].encode()
         if not 0 <= token_id < self._vocab_size:
-            raise IndexError(f"token id {token_id} is outside the vocabulary (0..{self._vocab_size - 1})")
+            raise TokenizerError(f"token id {token_id} is outside the vocabulary (0..{self._vocab_size - 1})")
         piece = self._tok.id_to_token(token_id)
         if piece is None:
             return b""
