@@ -21,8 +21,9 @@ from typing import Callable
 import numpy as np
 
 from ...errors import MalformedProgramError, UnsupportedOperatorError
+from ...kernels.fast import conv as FC
 from ...kernels.fast import xnnpack_gemm as XG
-from ...kernels.portable.conv import convolution
+from ...kernels.portable.conv import conv_output_size, convolution
 from ...kernels.portable.pool import avg_pool2d, max_pool2d_with_indices
 from ...kernels.registry import get_kernel
 from . import quant as Q
@@ -421,6 +422,52 @@ def _conv_nchw(node: Node, w: np.ndarray, dtype) -> Callable[[np.ndarray], np.nd
     return _nhwc(conv)
 
 
+def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype) -> Callable[[np.ndarray], np.ndarray] | None:
+    """NHWC x -> NHWC conv(x - x_zero, w) (no bias) without the NCHW round trip, for the two
+    kinds of layer a MobileNet is mostly made of: a depthwise conv through the compiled
+    kernel (integer inputs accumulate in int32 as XNNPACK does) and a 1x1 conv as one matmul
+    in `dtype`. None for any other convolution."""
+    f = node.fields
+    stride, dilation, pads = _conv_geometry(f)
+    cout, cin_g, kh, kw = w.shape
+    x_val = g.values[f["input1_id"]]
+    channels = x_val.dims[-1] if len(x_val.dims) == 4 else None
+    if node.kind == "DepthwiseConv2d" and cin_g == 1 and channels == cout and FC.BACKEND == "numba":
+        acc = np.int32 if x_val.datatype in ("qint8", "quint8") else dtype
+        w_hwc = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0).astype(acc))  # (KH, KW, C)
+        flat_pads = (*pads[0], *pads[1])
+
+        def depthwise(x: np.ndarray) -> np.ndarray:
+            n, h, width, _ = x.shape
+            oh = conv_output_size(h + pads[0][0] + pads[0][1], kh, stride[0], 0, dilation[0])
+            ow = conv_output_size(width + pads[1][0] + pads[1][1], kw, stride[1], 0, dilation[1])
+            out = np.empty((n, oh, ow, cout), acc)
+            return FC.depthwise_nhwc(np.ascontiguousarray(x), w_hwc, stride, dilation, flat_pads, x_zero, out)
+
+        return depthwise
+    one_by_one = (kh, kw) == (1, 1) and stride == (1, 1) and not any(p for pair in pads for p in pair)
+    if node.kind == "Conv2d" and one_by_one and max(1, f["groups"]) == 1 and channels == cin_g:
+        wt = np.ascontiguousarray(w.reshape(cout, cin_g).T.astype(dtype))
+        zero = dtype(x_zero)
+
+        def pointwise(x: np.ndarray) -> np.ndarray:
+            rows = x.reshape(-1, cin_g).astype(dtype, copy=False)
+            return np.matmul(rows - zero if x_zero else rows, wt).reshape(*x.shape[:-1], cout)
+
+        return pointwise
+    return None
+
+
+def _exact_in_float32(w_shifted: np.ndarray, x_datatype: str, x_zero: int) -> bool:
+    """Whether a float32 product of (x - x_zero) and the zero-point-free integer filter is
+    exact: every partial sum, in whatever order BLAS adds, is bounded by the sum of the
+    absolute terms, and float32 holds every integer below 2**24."""
+    lo, hi = Q.QRANGE[x_datatype]
+    x_max = max(abs(lo - x_zero), abs(hi - x_zero))
+    per_output = np.abs(w_shifted.reshape(w_shifted.shape[0], -1)).sum(axis=1)
+    return float(per_output.max(initial=0.0)) * x_max < 2.0 ** 24
+
+
 def _convolution(node: Node, g) -> Step:
     f = node.fields
     x_id, b_id, out = f["input1_id"], f["bias_id"], f["output_id"]
@@ -428,15 +475,22 @@ def _convolution(node: Node, g) -> Step:
     w = _conv_filter(node, g)
     has_bias = _present(g, b_id)
     if x_val.datatype in ("qint8", "quint8"):
-        conv = _conv_nchw(node, w.astype(np.float64) - g.filter_zero_point(f["filter_id"]), np.float64)
+        x_zp = x_val.quant.zero_point
+        w_shifted = w.astype(np.float64) - g.filter_zero_point(f["filter_id"])
+        # The integer sums XNNPACK computes in int32, exactly: in float32 BLAS where that is
+        # exact (twice the speed of float64), else in float64, which holds every int32.
+        acc_dtype = F32 if _exact_in_float32(w_shifted, x_val.datatype, x_zp) else np.float64
+        conv = _fast_conv(node, g, w_shifted, x_zp, acc_dtype)
+        if conv is None:
+            nchw = _conv_nchw(node, w_shifted, acc_dtype)
+            conv = lambda x: nchw(x.astype(acc_dtype) - acc_dtype(x_zp))
         bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else 0.0
         scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
         lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
                                     node.output_min, node.output_max)
-        x_zp = x_val.quant.zero_point
 
         def step_quantized(vals: list) -> None:
-            acc = conv(vals[x_id].astype(np.float64) - x_zp) + bias
+            acc = conv(vals[x_id]) + bias  # exact integers in float64 (or int32 without a bias)
             vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
 
         return step_quantized
@@ -445,7 +499,7 @@ def _convolution(node: Node, g) -> Step:
     if g.values[f["filter_id"]].datatype not in ("fp32", "fp16"):
         raise UnsupportedOperatorError(f"XnnpackBackend: {node.kind} with a {g.values[f['filter_id']].datatype} "
                                        f"filter and {x_val.datatype} input")
-    conv = _conv_nchw(node, w, F32)
+    conv = _fast_conv(node, g, w.astype(F32), 0, F32) or _conv_nchw(node, w, F32)
     bias = g.loader(b_id) if has_bias else None
     load, store = g.loader(x_id), g.storer(out, node)
 

@@ -1,0 +1,162 @@
+"""Depthwise 2-D convolution kernels: numpy (always there; the reference) and numba (the `fast` extra).
+
+A depthwise convolution (one input channel per output channel) is a few multiply-adds per
+output pixel; numpy does it one kernel tap at a time over the whole tensor, each tap a pass
+through memory with a temporary, which made it the largest cost of a MobileNet forward.
+The compiled kernels keep each output pixel's sum in a register and add the taps in the
+same order as the numpy reference, first tap stored and the others added, each product
+rounded then added (no fused multiply-add), so the two agree bit for bit in float32 and
+float64, and exactly for integers.
+
+Two layouts:
+
+* `depthwise_nchw(xp, w, stride, dilation, out)`: the portable `aten::convolution` layout;
+  `xp` (N, C, H, W) already padded, `w` (C, KH, KW).
+* `depthwise_nhwc(x, w, stride, dilation, pads, x_zero, w_zero, out)`: XNNPACK's layout,
+  `x` (N, H, W, C), `w` (KH, KW, C), the padding read as zeros without copying the input
+  (a padded pixel still contributes `0 * w`, as the padded copy would, so NaN and -0.0
+  come out the same). The zero points are subtracted from integer inputs first, so an int8
+  convolution accumulates exactly in int32 as XNNPACK does.
+
+The kernels run on one thread: a MobileNet's depthwise layers take a fraction of a
+millisecond each, and on a machine whose other core is busy a second thread's turn can
+come a whole scheduler slice (milliseconds) later (measured: 0.3 ms serial, 8 ms on two
+threads while another process ran).
+
+`BACKEND` is "numba" when numba imports and EXECUPY_NUMBA is not 0, else "numpy"; both stay
+callable as `NUMPY[...]` / `NUMBA[...]` so a test can compare them on the same inputs.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+import numpy as np
+
+# ---------------------------------------------------------------------------- numpy reference
+
+
+def _taps(shape: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int], out_hw: tuple[int, int]):
+    """(kh, kw, rows slice, columns slice) of each kernel tap over a padded input, in tap order."""
+    (sh, sw), (dh, dw), (oh, ow) = stride, dilation, out_hw
+    for kh, kw in np.ndindex(*shape):
+        yield kh, kw, slice(kh * dh, kh * dh + (oh - 1) * sh + 1, sh), slice(kw * dw, kw * dw + (ow - 1) * sw + 1, sw)
+
+
+def _depthwise_nchw_numpy(xp: np.ndarray, w: np.ndarray, stride: tuple[int, int], dilation: tuple[int, int],
+                          out: np.ndarray) -> np.ndarray:
+    for kh, kw, rows, cols in _taps(w.shape[1:], stride, dilation, out.shape[2:]):
+        term = xp[:, :, rows, cols] * w[:, kh, kw][:, None, None]
+        if kh == kw == 0:
+            out[...] = term
+        else:
+            out += term
+    return out
+
+
+def _depthwise_nhwc_numpy(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], dilation: tuple[int, int],
+                          pads: tuple[int, int, int, int], x_zero: int, out: np.ndarray) -> np.ndarray:
+    top, bottom, left, right = pads
+    shifted = x.astype(out.dtype) - out.dtype.type(x_zero) if x_zero else x.astype(out.dtype, copy=False)
+    xp = np.pad(shifted, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    for kh, kw, rows, cols in _taps(w.shape[:2], stride, dilation, out.shape[1:3]):
+        term = xp[:, rows, cols] * w[kh, kw]
+        if kh == kw == 0:
+            out[...] = term
+        else:
+            out += term
+    return out
+
+
+NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwise_nhwc": _depthwise_nhwc_numpy}
+
+# ---------------------------------------------------------------------------- numba
+
+
+def _compile() -> Optional[dict[str, Callable]]:
+    try:
+        import numba
+    except ImportError:
+        return None
+
+    @numba.njit(cache=True, inline="always")
+    def nchw_plane(xp, w, sh, sw, dh, dw, out, n, c):
+        # Rows are sliced first so the innermost loop indexes with its own counter only: an
+        # index like base + x makes numba test for negative indices, and LLVM then cannot
+        # vectorize the loop.
+        ow = out.shape[3]
+        for y in range(out.shape[2]):
+            dst = out[n, c, y]
+            for kh in range(w.shape[1]):
+                row = xp[n, c, y * sh + kh * dh]
+                for kw in range(w.shape[2]):
+                    wv, base = w[c, kh, kw], kw * dw
+                    first = kh == 0 and kw == 0
+                    if sw == 1:
+                        src = row[base:base + ow]
+                        if first:
+                            for x in range(ow):
+                                dst[x] = src[x] * wv
+                        else:
+                            for x in range(ow):
+                                dst[x] += src[x] * wv
+                    else:
+                        for x in range(ow):
+                            term = row[base + x * sw] * wv
+                            dst[x] = term if first else dst[x] + term
+
+    @numba.njit(cache=True)
+    def nchw(xp, w, sh, sw, dh, dw, out):
+        for n in range(out.shape[0]):
+            for c in range(out.shape[1]):
+                nchw_plane(xp, w, sh, sw, dh, dw, out, n, c)
+
+    @numba.njit(cache=True, inline="always")
+    def nhwc_row(x, w, sh, sw, dh, dw, top, left, xz, zero, out, n, y):
+        # Channels innermost, indexed by the loop's own counter (the other indices are
+        # loop-invariant, so their negative-index tests leave the loop and it vectorizes).
+        h, width, channels = x.shape[1], x.shape[2], x.shape[3]
+        for px in range(out.shape[2]):
+            for kh in range(w.shape[0]):
+                r = y * sh + kh * dh - top
+                for kw in range(w.shape[1]):
+                    col = px * sw + kw * dw - left
+                    first = kh == 0 and kw == 0
+                    if 0 <= r < h and 0 <= col < width:
+                        if first:
+                            for ch in range(channels):
+                                out[n, y, px, ch] = (x[n, r, col, ch] - xz) * w[kh, kw, ch]
+                        else:
+                            for ch in range(channels):
+                                out[n, y, px, ch] += (x[n, r, col, ch] - xz) * w[kh, kw, ch]
+                    elif first:  # a padded pixel: zero times the tap, as the padded copy computes it
+                        for ch in range(channels):
+                            out[n, y, px, ch] = zero * w[kh, kw, ch]
+                    else:
+                        for ch in range(channels):
+                            out[n, y, px, ch] += zero * w[kh, kw, ch]
+
+    @numba.njit(cache=True)
+    def nhwc(x, w, sh, sw, dh, dw, top, left, xz, zero, out):
+        for n in range(out.shape[0]):
+            for y in range(out.shape[1]):
+                nhwc_row(x, w, sh, sw, dh, dw, top, left, xz, zero, out, n, y)
+
+    def depthwise_nchw(xp, w, stride, dilation, out):
+        nchw(xp, w, *stride, *dilation, out)
+        return out
+
+    def depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out):
+        kind = out.dtype.type  # the zero point and the padding's zero in the accumulator's type
+        nhwc(x, w, *stride, *dilation, pads[0], pads[2], kind(x_zero), kind(0), out)
+        return out
+
+    return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc}
+
+
+NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
+BACKEND = "numba" if NUMBA is not None else "numpy"
+_ACTIVE = NUMBA or NUMPY
+
+depthwise_nchw: Callable = _ACTIVE["depthwise_nchw"]
+depthwise_nhwc: Callable = _ACTIVE["depthwise_nhwc"]
