@@ -241,6 +241,39 @@ def _clamp_only(node: Node, g):
     return lambda x: x  # the bounds are the node's fused output clamp
 
 
+def _int8_table(build: Callable[[Node, object], Step]) -> Callable[[Node, object], Step]:
+    """An element-wise node from 8-bit quantized data to 8-bit quantized data as a lookup:
+    the node's own float-domain step (dequantize, op, clamp, quantize) is run once at init on
+    all 256 input values, so looking the answer up is the same arithmetic, bit for bit, at a
+    fraction of the cost (MobileNet's int8 graph has a separate Clamp per ReLU6)."""
+
+    def builder(node: Node, g) -> Step:
+        step = build(node, g)
+        src, out = node.fields["input_id"], node.fields["output_id"]
+        eight_bit = ("qint8", "quint8")
+        if g.values[src].datatype not in eight_bit or g.values[out].datatype not in eight_bit:
+            return step
+        vals = [None] * len(g.values)
+        vals[src] = np.arange(256, dtype=np.uint8).view(Q.STORAGE[g.values[src].datatype])
+        step(vals)
+        every, table = vals[src], np.asarray(vals[out])  # table: indexed by the input's bits read as uint8
+        lo, hi = table.min(), table.max()
+        if table.dtype == every.dtype and np.array_equal(table, np.clip(every, lo, hi)):
+            # the usual case (a clamp with the same parameters in and out): a clip of the
+            # integers, several times faster than a gather
+            def clip(vals: list) -> None:
+                vals[out] = np.clip(vals[src], lo, hi)
+
+            return clip
+
+        def lookup(vals: list) -> None:
+            vals[out] = np.take(table, vals[src].view(np.uint8))
+
+        return lookup
+
+    return builder
+
+
 def _concatenate(node: Node, g) -> Step:
     f = node.fields
     count = {"Concatenate2": 2, "Concatenate3": 3, "Concatenate4": 4, "Concatenate5": 5}[node.kind]
@@ -484,16 +517,27 @@ def _convolution(node: Node, g) -> Step:
         if conv is None:
             nchw = _conv_nchw(node, w_shifted, acc_dtype)
             conv = lambda x: nchw(x.astype(acc_dtype) - acc_dtype(x_zp))
-        bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else 0.0
+        cout = w.shape[0]
+        bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else np.zeros(cout)
         scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
         lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
                                     node.output_min, node.output_max)
+        if FC.BACKEND == "numba" and scale.size in (1, cout) and bias.shape == (cout,):
+            # XNNPACK's fp32 requantization (Q.requantize) and the bias in one pass
+            scale_c = np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (cout,)), F32)
+            storage, zp = Q.STORAGE[out_val.datatype], out_val.quant.zero_point
 
-        def step_quantized(vals: list) -> None:
-            acc = conv(vals[x_id]) + bias  # exact integers in float64 (or int32 without a bias)
+            def step_quantized(vals: list) -> None:
+                acc = conv(vals[x_id])
+                vals[out] = FC.requantize(acc, bias, scale_c, zp, lo, hi, np.empty(acc.shape, storage))
+
+            return step_quantized
+
+        def step_quantized_numpy(vals: list) -> None:
+            acc = conv(vals[x_id]) + bias  # exact integers in float64
             vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
 
-        return step_quantized
+        return step_quantized_numpy
     if x_val.datatype == "qdint8":
         return _conv_dynamic_quant(node, g, w, has_bias)
     if g.values[f["filter_id"]].datatype not in ("fp32", "fp16"):
@@ -569,7 +613,7 @@ BUILDERS: dict[str, Callable[[Node, object], Step]] = {
     "Gelu": _unary(lambda x: get_kernel("aten::gelu.out")(x, "none", np.empty_like(x))),
     "Hardswish": _unary(_kernel("hardswish")),
     "Copy": _unary(lambda x: x.copy()),
-    "Clamp": _with_fields(_clamp_only),
+    "Clamp": _int8_table(_with_fields(_clamp_only)),
     "LeakyReLU": _with_fields(_leaky_relu),
     "ELU": _with_fields(_elu),
     "StaticTranspose": _layout(_transpose),

@@ -68,7 +68,16 @@ def _depthwise_nhwc_numpy(x: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     return out
 
 
-NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwise_nhwc": _depthwise_nhwc_numpy}
+def _requantize_numpy(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, zero_point: int, lo: float, hi: float,
+                      out: np.ndarray) -> np.ndarray:
+    y = (acc + bias).astype(np.float32)  # exact integers (float64 holds every int32 sum)
+    y = np.rint(y * scale) + np.float32(zero_point)
+    out[...] = np.clip(y, np.float32(lo), np.float32(hi))
+    return out
+
+
+NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwise_nhwc": _depthwise_nhwc_numpy,
+                              "requantize": _requantize_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
@@ -142,6 +151,21 @@ def _compile() -> Optional[dict[str, Callable]]:
             for y in range(out.shape[1]):
                 nhwc_row(x, w, sh, sw, dh, dw, top, left, xz, zero, out, n, y)
 
+    @numba.njit(cache=True)
+    def requantize_rows(acc, bias, scale, zero, lo, hi, out):
+        for r in range(acc.shape[0]):
+            a, o = acc[r], out[r]
+            for c in range(acc.shape[1]):
+                v = np.float32(np.float64(a[c]) + bias[c])
+                o[c] = min(max(np.rint(v * scale[c]) + zero, lo), hi)
+
+    def requantize(acc, bias, scale, zero_point, lo, hi, out):
+        channels = acc.shape[-1]
+        f32 = np.float32
+        requantize_rows(np.ascontiguousarray(acc).reshape(-1, channels), bias, scale, f32(zero_point), f32(lo), f32(hi),
+                        out.reshape(-1, channels))
+        return out
+
     def depthwise_nchw(xp, w, stride, dilation, out):
         nchw(xp, w, *stride, *dilation, out)
         return out
@@ -151,7 +175,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         nhwc(x, w, *stride, *dilation, pads[0], pads[2], kind(x_zero), kind(0), out)
         return out
 
-    return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc}
+    return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc, "requantize": requantize}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
@@ -160,3 +184,4 @@ _ACTIVE = NUMBA or NUMPY
 
 depthwise_nchw: Callable = _ACTIVE["depthwise_nchw"]
 depthwise_nhwc: Callable = _ACTIVE["depthwise_nhwc"]
+requantize: Callable = _ACTIVE["requantize"]
