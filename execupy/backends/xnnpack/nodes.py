@@ -19,6 +19,7 @@ import math
 from typing import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ...errors import MalformedProgramError, UnsupportedOperatorError
 from ...kernels.fast import conv as FC
@@ -458,8 +459,9 @@ def _conv_nchw(node: Node, w: np.ndarray, dtype) -> Callable[[np.ndarray], np.nd
 def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype) -> Callable[[np.ndarray], np.ndarray] | None:
     """NHWC x -> NHWC conv(x - x_zero, w) (no bias) without the NCHW round trip, for the two
     kinds of layer a MobileNet is mostly made of: a depthwise conv through the compiled
-    kernel (integer inputs accumulate in int32 as XNNPACK does) and a 1x1 conv as one matmul
-    in `dtype`. None for any other convolution."""
+    kernel (integer inputs accumulate in int32 as XNNPACK does) and an ungrouped conv as one
+    matmul in `dtype` (a 1x1 one straight on the pixels, others on an NHWC im2col). None for
+    any other convolution (grouped, transposed)."""
     f = node.fields
     stride, dilation, pads = _conv_geometry(f)
     cout, cin_g, kh, kw = w.shape
@@ -478,17 +480,33 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype) -> Callable[[np
             return FC.depthwise_nhwc(np.ascontiguousarray(x), w_hwc, stride, dilation, flat_pads, x_zero, out)
 
         return depthwise
-    one_by_one = (kh, kw) == (1, 1) and stride == (1, 1) and not any(p for pair in pads for p in pair)
-    if node.kind == "Conv2d" and one_by_one and max(1, f["groups"]) == 1 and channels == cin_g:
-        wt = np.ascontiguousarray(w.reshape(cout, cin_g).T.astype(dtype))
-        zero = dtype(x_zero)
+    if node.kind != "Conv2d" or max(1, f["groups"]) != 1 or channels != cin_g:
+        return None
+    wt = np.ascontiguousarray(w.reshape(cout, -1).T.astype(dtype))  # rows in (Cin, KH, KW) order, as NCHW's im2col
+    zero = dtype(x_zero)
+    padded = any(p for pair in pads for p in pair)
+    if (kh, kw) == (1, 1) and stride == (1, 1) and not padded:
 
         def pointwise(x: np.ndarray) -> np.ndarray:
             rows = x.reshape(-1, cin_g).astype(dtype, copy=False)
             return np.matmul(rows - zero if x_zero else rows, wt).reshape(*x.shape[:-1], cout)
 
         return pointwise
-    return None
+
+    def dense(x: np.ndarray) -> np.ndarray:
+        """im2col on the NHWC input (one copy: each output pixel's window, channel-major)."""
+        x = x.astype(dtype, copy=False)
+        x = x - zero if x_zero else x
+        x = np.pad(x, ((0, 0), *pads, (0, 0))) if padded else x
+        n, h, width, c = x.shape
+        oh = conv_output_size(h, kh, stride[0], 0, dilation[0])
+        ow = conv_output_size(width, kw, stride[1], 0, dilation[1])
+        sn, sh, sw, sc = x.strides
+        windows = as_strided(x, (n, oh, ow, c, kh, kw),
+                             (sn, sh * stride[0], sw * stride[1], sc, sh * dilation[0], sw * dilation[1]), writeable=False)
+        return np.matmul(windows.reshape(n * oh * ow, c * kh * kw), wt).reshape(n, oh, ow, cout)
+
+    return dense
 
 
 def _exact_in_float32(w_shifted: np.ndarray, x_datatype: str, x_zero: int) -> bool:
