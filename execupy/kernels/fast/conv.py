@@ -1,4 +1,4 @@
-"""Depthwise 2-D convolution kernels: numpy (always there; the reference) and numba (the `fast` extra).
+"""Depthwise 2-D convolution and int8 requantization: numpy (the reference) and numba (the `fast` extra).
 
 A depthwise convolution (one input channel per output channel) is a few multiply-adds per
 output pixel; numpy does it one kernel tap at a time over the whole tensor, each tap a pass
@@ -12,11 +12,16 @@ Two layouts:
 
 * `depthwise_nchw(xp, w, stride, dilation, out)`: the portable `aten::convolution` layout;
   `xp` (N, C, H, W) already padded, `w` (C, KH, KW).
-* `depthwise_nhwc(x, w, stride, dilation, pads, x_zero, w_zero, out)`: XNNPACK's layout,
-  `x` (N, H, W, C), `w` (KH, KW, C), the padding read as zeros without copying the input
-  (a padded pixel still contributes `0 * w`, as the padded copy would, so NaN and -0.0
-  come out the same). The zero points are subtracted from integer inputs first, so an int8
-  convolution accumulates exactly in int32 as XNNPACK does.
+* `depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out)`: XNNPACK's layout, `x`
+  (N, H, W, C), `w` (KH, KW, C), pads (top, bottom, left, right) read as zeros without
+  copying the input (a padded pixel still contributes `0 * w`, as the padded copy would,
+  so NaN and -0.0 come out the same). For int8 data `w` is int32 with its zero point
+  already taken off and `x_zero` is taken off each input, so the sum is exact in int32,
+  as XNNPACK's.
+
+`requantize(acc, bias, scale, zero_point, lo, hi, out)` turns such integer sums (int32, or
+float holding exact integers) plus a per-channel bias into int8 with XNNPACK's fp32
+requantization (execupy/backends/xnnpack/quant.py: requantize) in one pass.
 
 The kernels run on one thread: a MobileNet's depthwise layers take a fraction of a
 millisecond each, and on a machine whose other core is busy a second thread's turn can
@@ -28,10 +33,11 @@ callable as `NUMPY[...]` / `NUMBA[...]` so a test can compare them on the same i
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 import numpy as np
+
+from .elementwise import numba_enabled
 
 # ---------------------------------------------------------------------------- numpy reference
 
@@ -83,10 +89,7 @@ NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwis
 
 
 def _compile() -> Optional[dict[str, Callable]]:
-    try:
-        import numba
-    except ImportError:
-        return None
+    import numba
 
     @numba.njit(cache=True, inline="always")
     def nchw_plane(xp, w, sh, sw, dh, dw, out, n, c):
@@ -178,10 +181,6 @@ def _compile() -> Optional[dict[str, Callable]]:
     return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc, "requantize": requantize}
 
 
-NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
+NUMBA: Optional[dict[str, Callable]] = _compile() if numba_enabled() else None
 BACKEND = "numba" if NUMBA is not None else "numpy"
-_ACTIVE = NUMBA or NUMPY
-
-depthwise_nchw: Callable = _ACTIVE["depthwise_nchw"]
-depthwise_nhwc: Callable = _ACTIVE["depthwise_nhwc"]
-requantize: Callable = _ACTIVE["requantize"]
+depthwise_nchw, depthwise_nhwc, requantize = ((NUMBA or NUMPY)[name] for name in NUMPY)
