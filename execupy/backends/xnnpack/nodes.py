@@ -19,10 +19,12 @@ import math
 from typing import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ...errors import MalformedProgramError, UnsupportedOperatorError
+from ...kernels.fast import conv as FC
 from ...kernels.fast import xnnpack_gemm as XG
-from ...kernels.portable.conv import convolution
+from ...kernels.portable.conv import conv_output_size, convolution
 from ...kernels.portable.pool import avg_pool2d, max_pool2d_with_indices
 from ...kernels.registry import get_kernel
 from . import quant as Q
@@ -240,6 +242,39 @@ def _clamp_only(node: Node, g):
     return lambda x: x  # the bounds are the node's fused output clamp
 
 
+def _int8_table(build: Callable[[Node, object], Step]) -> Callable[[Node, object], Step]:
+    """An element-wise node from 8-bit quantized data to 8-bit quantized data as a lookup:
+    the node's own float-domain step (dequantize, op, clamp, quantize) is run once at init on
+    all 256 input values, so looking the answer up is the same arithmetic, bit for bit, at a
+    fraction of the cost (MobileNet's int8 graph has a separate Clamp per ReLU6)."""
+
+    def builder(node: Node, g) -> Step:
+        step = build(node, g)
+        src, out = node.fields["input_id"], node.fields["output_id"]
+        eight_bit = ("qint8", "quint8")
+        if g.values[src].datatype not in eight_bit or g.values[out].datatype not in eight_bit:
+            return step
+        vals = [None] * len(g.values)
+        vals[src] = np.arange(256, dtype=np.uint8).view(Q.STORAGE[g.values[src].datatype])
+        step(vals)
+        every, table = vals[src], np.asarray(vals[out])  # table: indexed by the input's bits read as uint8
+        lo, hi = table.min(), table.max()
+        if table.dtype == every.dtype and np.array_equal(table, np.clip(every, lo, hi)):
+            # the usual case (a clamp with the same parameters in and out): a clip of the
+            # integers, several times faster than a gather
+            def clip(vals: list) -> None:
+                vals[out] = np.clip(vals[src], lo, hi)
+
+            return clip
+
+        def lookup(vals: list) -> None:
+            vals[out] = np.take(table, vals[src].view(np.uint8))
+
+        return lookup
+
+    return builder
+
+
 def _concatenate(node: Node, g) -> Step:
     f = node.fields
     count = {"Concatenate2": 2, "Concatenate3": 3, "Concatenate4": 4, "Concatenate5": 5}[node.kind]
@@ -421,6 +456,69 @@ def _conv_nchw(node: Node, w: np.ndarray, dtype) -> Callable[[np.ndarray], np.nd
     return _nhwc(conv)
 
 
+def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype) -> Callable[[np.ndarray], np.ndarray] | None:
+    """NHWC x -> NHWC conv(x - x_zero, w) (no bias) without the NCHW round trip, for the two
+    kinds of layer a MobileNet is mostly made of: a depthwise conv through the compiled
+    kernel (integer inputs accumulate in int32 as XNNPACK does) and an ungrouped conv as one
+    matmul in `dtype` (a 1x1 one straight on the pixels, others on an NHWC im2col). None for
+    any other convolution (grouped, transposed)."""
+    f = node.fields
+    stride, dilation, pads = _conv_geometry(f)
+    cout, cin_g, kh, kw = w.shape
+    x_val = g.values[f["input1_id"]]
+    channels = x_val.dims[-1] if len(x_val.dims) == 4 else None
+    if node.kind == "DepthwiseConv2d" and cin_g == 1 and channels == cout and FC.BACKEND == "numba":
+        acc = np.int32 if x_val.datatype in ("qint8", "quint8") else dtype
+        w_hwc = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0).astype(acc))  # (KH, KW, C)
+        flat_pads = (*pads[0], *pads[1])
+
+        def depthwise(x: np.ndarray) -> np.ndarray:
+            n, h, width, _ = x.shape
+            oh = conv_output_size(h + pads[0][0] + pads[0][1], kh, stride[0], 0, dilation[0])
+            ow = conv_output_size(width + pads[1][0] + pads[1][1], kw, stride[1], 0, dilation[1])
+            out = np.empty((n, oh, ow, cout), acc)
+            return FC.depthwise_nhwc(np.ascontiguousarray(x), w_hwc, stride, dilation, flat_pads, x_zero, out)
+
+        return depthwise
+    if node.kind != "Conv2d" or max(1, f["groups"]) != 1 or channels != cin_g:
+        return None
+    wt = np.ascontiguousarray(w.reshape(cout, -1).T.astype(dtype))  # rows in (Cin, KH, KW) order, as NCHW's im2col
+    zero = dtype(x_zero)
+    padded = any(p for pair in pads for p in pair)
+    if (kh, kw) == (1, 1) and stride == (1, 1) and not padded:
+
+        def pointwise(x: np.ndarray) -> np.ndarray:
+            rows = x.reshape(-1, cin_g).astype(dtype, copy=False)
+            return np.matmul(rows - zero if x_zero else rows, wt).reshape(*x.shape[:-1], cout)
+
+        return pointwise
+
+    def dense(x: np.ndarray) -> np.ndarray:
+        """im2col on the NHWC input (one copy: each output pixel's window, channel-major)."""
+        x = x.astype(dtype, copy=False)
+        x = x - zero if x_zero else x
+        x = np.pad(x, ((0, 0), *pads, (0, 0))) if padded else x
+        n, h, width, c = x.shape
+        oh = conv_output_size(h, kh, stride[0], 0, dilation[0])
+        ow = conv_output_size(width, kw, stride[1], 0, dilation[1])
+        sn, sh, sw, sc = x.strides
+        windows = as_strided(x, (n, oh, ow, c, kh, kw),
+                             (sn, sh * stride[0], sw * stride[1], sc, sh * dilation[0], sw * dilation[1]), writeable=False)
+        return np.matmul(windows.reshape(n * oh * ow, c * kh * kw), wt).reshape(n, oh, ow, cout)
+
+    return dense
+
+
+def _exact_in_float32(w_shifted: np.ndarray, x_datatype: str, x_zero: int) -> bool:
+    """Whether a float32 product of (x - x_zero) and the zero-point-free integer filter is
+    exact: every partial sum, in whatever order BLAS adds, is bounded by the sum of the
+    absolute terms, and float32 holds every integer below 2**24."""
+    lo, hi = Q.QRANGE[x_datatype]
+    x_max = max(abs(lo - x_zero), abs(hi - x_zero))
+    per_output = np.abs(w_shifted.reshape(w_shifted.shape[0], -1)).sum(axis=1)
+    return float(per_output.max(initial=0.0)) * x_max < 2.0 ** 24
+
+
 def _convolution(node: Node, g) -> Step:
     f = node.fields
     x_id, b_id, out = f["input1_id"], f["bias_id"], f["output_id"]
@@ -428,24 +526,42 @@ def _convolution(node: Node, g) -> Step:
     w = _conv_filter(node, g)
     has_bias = _present(g, b_id)
     if x_val.datatype in ("qint8", "quint8"):
-        conv = _conv_nchw(node, w.astype(np.float64) - g.filter_zero_point(f["filter_id"]), np.float64)
-        bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else 0.0
+        x_zp = x_val.quant.zero_point
+        w_shifted = w.astype(np.float64) - g.filter_zero_point(f["filter_id"])
+        # The integer sums XNNPACK computes in int32, exactly: in float32 BLAS where that is
+        # exact (twice the speed of float64), else in float64, which holds every int32.
+        acc_dtype = F32 if _exact_in_float32(w_shifted, x_val.datatype, x_zp) else np.float64
+        conv = _fast_conv(node, g, w_shifted, x_zp, acc_dtype)
+        if conv is None:
+            nchw = _conv_nchw(node, w_shifted, acc_dtype)
+            conv = lambda x: nchw(x.astype(acc_dtype) - acc_dtype(x_zp))
+        cout = w.shape[0]
+        bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else np.zeros(cout)
         scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
         lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
                                     node.output_min, node.output_max)
-        x_zp = x_val.quant.zero_point
+        if FC.BACKEND == "numba" and scale.size in (1, cout) and bias.shape == (cout,):
+            # XNNPACK's fp32 requantization (Q.requantize) and the bias in one pass
+            scale_c = np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (cout,)), F32)
+            storage, zp = Q.STORAGE[out_val.datatype], out_val.quant.zero_point
 
-        def step_quantized(vals: list) -> None:
-            acc = conv(vals[x_id].astype(np.float64) - x_zp) + bias
+            def step_quantized(vals: list) -> None:
+                acc = conv(vals[x_id])
+                vals[out] = FC.requantize(acc, bias, scale_c, zp, lo, hi, np.empty(acc.shape, storage))
+
+            return step_quantized
+
+        def step_quantized_numpy(vals: list) -> None:
+            acc = conv(vals[x_id]) + bias  # exact integers in float64
             vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
 
-        return step_quantized
+        return step_quantized_numpy
     if x_val.datatype == "qdint8":
         return _conv_dynamic_quant(node, g, w, has_bias)
     if g.values[f["filter_id"]].datatype not in ("fp32", "fp16"):
         raise UnsupportedOperatorError(f"XnnpackBackend: {node.kind} with a {g.values[f['filter_id']].datatype} "
                                        f"filter and {x_val.datatype} input")
-    conv = _conv_nchw(node, w, F32)
+    conv = _fast_conv(node, g, w.astype(F32), 0, F32) or _conv_nchw(node, w, F32)
     bias = g.loader(b_id) if has_bias else None
     load, store = g.loader(x_id), g.storer(out, node)
 
@@ -515,7 +631,7 @@ BUILDERS: dict[str, Callable[[Node, object], Step]] = {
     "Gelu": _unary(lambda x: get_kernel("aten::gelu.out")(x, "none", np.empty_like(x))),
     "Hardswish": _unary(_kernel("hardswish")),
     "Copy": _unary(lambda x: x.copy()),
-    "Clamp": _with_fields(_clamp_only),
+    "Clamp": _int8_table(_with_fields(_clamp_only)),
     "LeakyReLU": _with_fields(_leaky_relu),
     "ELU": _with_fields(_elu),
     "StaticTranspose": _layout(_transpose),
