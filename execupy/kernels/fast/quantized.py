@@ -167,64 +167,64 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     @numba.njit(cache=True, fastmath=True)
     def _matvec(x, xsum, qt, scales, offsets, group_size, out):
-        # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * xsum[g]). The innermost
-        # loops run over contiguous outputs through 1-D row views, which LLVM vectorises (2-D
-        # indexing there kept it scalar, 10x slower); four input rows per pass quarter the
-        # traffic on the running sums.
+        # out[r, j] = sum_g (s[g, j] * sum_{c in g} x[r, c] q[c, j] + o[g, j] * xsum[r, g]). The
+        # innermost loops run over contiguous outputs through 1-D row views, which LLVM vectorises
+        # (2-D indexing there kept it scalar, 10x slower); four input rows per pass quarter the
+        # traffic on the running sums. Rows of x loop here, not in a jitted caller: numba never
+        # finds a function that calls another closure's dispatcher in its on-disk cache, and
+        # compiled it again in every process (0.5 s in the first call).
         k, n = qt.shape
-        total = np.zeros(n, np.float32)
+        total = np.empty(n, np.float32)
         acc = np.empty(n, np.float32)
-        for g in range(k // group_size):
-            acc[:] = 0
-            c, end = g * group_size, (g + 1) * group_size
-            while c + 4 <= end:
-                x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
-                r0, r1, r2, r3 = qt[c], qt[c + 1], qt[c + 2], qt[c + 3]
+        for r in range(x.shape[0]):
+            xr = x[r]
+            total[:] = 0
+            for g in range(k // group_size):
+                acc[:] = 0
+                c, end = g * group_size, (g + 1) * group_size
+                while c + 4 <= end:
+                    x0, x1, x2, x3 = xr[c], xr[c + 1], xr[c + 2], xr[c + 3]
+                    r0, r1, r2, r3 = qt[c], qt[c + 1], qt[c + 2], qt[c + 3]
+                    for j in range(n):
+                        acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])
+                                   + x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
+                    c += 4
+                while c < end:
+                    xc, r0 = xr[c], qt[c]
+                    for j in range(n):
+                        acc[j] += xc * np.float32(r0[j])
+                    c += 1
+                xs, sg, og = xsum[r, g], scales[g], offsets[g]
                 for j in range(n):
-                    acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])
-                               + x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
-                c += 4
-            while c < end:
-                xc, r0 = x[c], qt[c]
-                for j in range(n):
-                    acc[j] += xc * np.float32(r0[j])
-                c += 1
-            xs, sg, og = xsum[g], scales[g], offsets[g]
-            for j in range(n):
-                total[j] += acc[j] * sg[j] + og[j] * xs
-        out[:] = total
+                    total[j] += acc[j] * sg[j] + og[j] * xs
+            out[r] = total
 
     @numba.njit(cache=True, fastmath=True)
     def _matvec_nibbles(x, xsum, qt, scales, offsets, group_size, out):
         # _matvec on two rows per byte: low half row 2i, high half row 2i + 1 (group_size % 4 == 0).
         n = qt.shape[1]
-        total = np.zeros(n, np.float32)
+        total = np.empty(n, np.float32)
         acc = np.empty(n, np.float32)
         # The nibbles stay uint8 (explicit casts): numba would widen `byte >> 4` to int64,
         # and the loop would run at half the speed of the int8 layout instead of twice.
         low, four = np.uint8(15), np.uint8(4)
-        for g in range(qt.shape[0] * 2 // group_size):
-            acc[:] = 0
-            for b in range(g * group_size // 2, (g + 1) * group_size // 2, 2):
-                c = 2 * b
-                x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
-                r0, r1 = qt[b], qt[b + 1]
-                for j in range(n):
-                    v0, v1 = r0[j], r1[j]
-                    acc[j] += (x0 * np.float32(np.uint8(v0 & low)) + x1 * np.float32(np.uint8(v0 >> four))
-                               + x2 * np.float32(np.uint8(v1 & low)) + x3 * np.float32(np.uint8(v1 >> four)))
-            xs, sg, og = xsum[g], scales[g], offsets[g]
-            for j in range(n):
-                total[j] += acc[j] * sg[j] + og[j] * xs
-        out[:] = total
-
-    @numba.njit(cache=True)
-    def _matvec_rows(x, xsum, qt, scales, offsets, group_size, nibbles, out):
         for r in range(x.shape[0]):
-            if nibbles:
-                _matvec_nibbles(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
-            else:
-                _matvec(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
+            xr = x[r]
+            total[:] = 0
+            for g in range(qt.shape[0] * 2 // group_size):
+                acc[:] = 0
+                for b in range(g * group_size // 2, (g + 1) * group_size // 2, 2):
+                    c = 2 * b
+                    x0, x1, x2, x3 = xr[c], xr[c + 1], xr[c + 2], xr[c + 3]
+                    r0, r1 = qt[b], qt[b + 1]
+                    for j in range(n):
+                        v0, v1 = r0[j], r1[j]
+                        acc[j] += (x0 * np.float32(np.uint8(v0 & low)) + x1 * np.float32(np.uint8(v0 >> four))
+                                   + x2 * np.float32(np.uint8(v1 & low)) + x3 * np.float32(np.uint8(v1 >> four)))
+                xs, sg, og = xsum[r, g], scales[g], offsets[g]
+                for j in range(n):
+                    total[j] += acc[j] * sg[j] + og[j] * xs
+            out[r] = total
 
     @numba.njit(cache=True, fastmath=True)
     def _dequantize_columns(qt, scales, offsets, group_size, j0, j1, dst):
@@ -308,7 +308,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers (a second thread's wake-up costs more)
             out = np.empty((m, n), np.float32)
             xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
-            _matvec_rows(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
+            matvec = _matvec_nibbles if w.nibbles else _matvec
+            matvec(x, xsum, w.qt, w.scales, w.offsets, w.group_size, out)
             return out
         # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
         out = np.empty((m, n), np.float32)

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""SmolLM2-135M's quantized linears, one shape at a time: decode mat-vec bandwidth and prefill rate.
+
+    .venv/bin/python bench/quantized_kernels.py [--rows 1,64,128] [--repeat 5]
+
+For each linear shape of the model (q/o 576x576, k/v 192x576, gate/up 1536x576, down
+576x1536, head 49152x576, [N, K]) and each weight form `export-llm` writes from the GGUF
+(int8 groups of 32: Q8_0 and `--quantize int8`-like; int4 nibbles in groups of 32 with a
+minimum: Q4_1 as `int4`/`gguf` keep it), it times `qlinear` (numba) on x [M, K]:
+
+* M = 1 (decode): GB/s = bytes the kernel must read (packed integers + scales + offsets)
+  / seconds. The weight is cycled over as many distinct copies as the model has layers
+  (30), so it comes from memory as in a real decode step, not from cache; the head is one
+  copy (it is 28 MB alone). The ceiling beside it is numpy copying a 256 MiB array
+  (read + write counted), what one core moves.
+* M > 1 (prefill): tokens/s of that one shape, and the fp32 BLAS product on the
+  dequantized weight for comparison (the float32 weight already made: a lower bound on
+  what a dequantize-then-BLAS design can reach).
+
+Times are medians; say `uptime` with the figures (the machine is shared).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+from execupy.kernels.fast import quantized as Q
+
+LAYERS = 30
+SHAPES = {"q/o 576x576": (576, 576), "k/v 192x576": (192, 576), "gate/up 1536x576": (1536, 576),
+          "down 576x1536": (576, 1536), "head 49152x576": (49152, 576)}
+GROUP = 32
+
+
+def weight(rng, n: int, k: int, form: str) -> Q.PackedWeight:
+    scales = (rng.random((n, k // GROUP)) * 0.02 + 1e-3).astype(np.float32)
+    if form == "int8 g32":
+        return Q.pack(rng.integers(-128, 128, (n, k)).astype(np.int8), scales, None, GROUP)
+    mins = (rng.random((n, k // GROUP)) * -0.1).astype(np.float32)
+    return Q.pack(rng.integers(0, 16, (n, k)).astype(np.int8), scales, None, GROUP, mins)
+
+
+def nbytes(w: Q.PackedWeight) -> int:
+    return w.qt.nbytes + w.scales.nbytes + w.offsets.nbytes
+
+
+def median_seconds(call, calls: int, repeat: int) -> float:
+    call()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def copy_ceiling(repeat: int) -> float:
+    """GB/s of np.copyto on 256 MiB (bytes read + written)."""
+    src = np.ones(64 << 20, np.float32)
+    dst = np.empty_like(src)
+    s = median_seconds(lambda: np.copyto(dst, src), 1, repeat)
+    return 2 * src.nbytes / s / 1e9
+
+
+def decode_row(rng, name: str, n: int, k: int, form: str, repeat: int) -> str:
+    copies = 1 if n > 10000 else LAYERS
+    ws = [weight(rng, n, k, form) for _ in range(copies)]
+    x = rng.standard_normal((1, k)).astype(np.float32)
+
+    def cycle():
+        for w in ws:
+            Q.qlinear(x, w)
+
+    s = median_seconds(cycle, max(1, 30 // copies), repeat) / copies
+    return f"{name:18s} {form:9s} {nbytes(ws[0]) / 1e6:8.2f} MB {s * 1e6:9.1f} us {nbytes(ws[0]) / s / 1e9:7.2f} GB/s"
+
+
+def prefill_row(rng, name: str, n: int, k: int, form: str, m: int, repeat: int) -> str:
+    w = weight(rng, n, k, form)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    dense = np.ascontiguousarray(Q.dequantize_columns(w, 0, n))
+    s = median_seconds(lambda: Q.qlinear(x, w), 3, repeat)
+    blas = median_seconds(lambda: x @ dense, 3, repeat)
+    return (f"{name:18s} {form:9s} M={m:<4d} {s * 1e3:8.2f} ms {m / s:10.0f} tok/s   "
+            f"fp32 BLAS {blas * 1e3:7.2f} ms ({blas / s:4.2f}x of ours)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,64,128", help="activation rows M (1 = decode)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--forms", default="int8 g32,q4_1 g32")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from SHAPES")
+    args = ap.parse_args()
+    assert Q.NUMBA is not None, "numba (the `fast` extra) is needed"
+    rng = np.random.default_rng(0)
+    print(f"load: {os.getloadavg()}")
+    print(f"copy ceiling: {copy_ceiling(args.repeat):.2f} GB/s (np.copyto 256 MiB, read + write)")
+    rows = [int(r) for r in args.rows.split(",")]
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        for form in args.forms.split(","):
+            for m in rows:
+                print(decode_row(rng, name, n, k, form, args.repeat) if m == 1
+                      else prefill_row(rng, name, n, k, form, m, args.repeat), flush=True)
+    print(f"load: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
