@@ -9,10 +9,10 @@ For each linear shape of the model (q/o 576x576, k/v 192x576, gate/up 1536x576, 
 minimum: Q4_1 as `int4`/`gguf` keep it), it times `qlinear` (numba) on x [M, K]:
 
 * M = 1 (decode): GB/s = bytes the kernel must read (packed integers + scales + offsets)
-  / seconds. The weight is cycled over as many distinct copies as the model has layers
-  (30), so it comes from memory as in a real decode step, not from cache; the head is one
-  copy (it is 28 MB alone). The ceiling beside it is numpy copying a 256 MiB array
-  (read + write counted), what one core moves.
+  / seconds. The weight is cycled over as many distinct copies as fill 96 MiB (what a
+  decode step reads, three times the L3 cache), so it comes from memory as in a real
+  decode step, not from cache. The ceilings beside it: numpy copying a 256 MiB array
+  (read + write counted) and summing one (read only), what one core moves.
 * M > 1 (prefill): tokens/s of that one shape, and the fp32 BLAS product on the
   dequantized weight for comparison (the float32 weight already made: a lower bound on
   what a dequantize-then-BLAS design can reach).
@@ -30,7 +30,7 @@ import numpy as np
 
 from execupy.kernels.fast import quantized as Q
 
-LAYERS = 30
+COLD_BYTES = 96 << 20  # a decode step reads ~96 MB of weights: three times the L3 cache
 SHAPES = {"q/o 576x576": (576, 576), "k/v 192x576": (192, 576), "gate/up 1536x576": (1536, 576),
           "down 576x1536": (576, 1536), "head 49152x576": (49152, 576)}
 GROUP = 32
@@ -59,24 +59,26 @@ def median_seconds(call, calls: int, repeat: int) -> float:
     return statistics.median(times)
 
 
-def copy_ceiling(repeat: int) -> float:
-    """GB/s of np.copyto on 256 MiB (bytes read + written)."""
+def ceilings(repeat: int) -> tuple[float, float]:
+    """GB/s of np.copyto on 256 MiB (bytes read + written) and of np.sum over it (read)."""
     src = np.ones(64 << 20, np.float32)
     dst = np.empty_like(src)
-    s = median_seconds(lambda: np.copyto(dst, src), 1, repeat)
-    return 2 * src.nbytes / s / 1e9
+    copy = median_seconds(lambda: np.copyto(dst, src), 1, repeat)
+    read = median_seconds(lambda: src.sum(), 1, repeat)
+    return 2 * src.nbytes / copy / 1e9, src.nbytes / read / 1e9
 
 
 def decode_row(rng, name: str, n: int, k: int, form: str, repeat: int) -> str:
-    copies = 1 if n > 10000 else LAYERS
-    ws = [weight(rng, n, k, form) for _ in range(copies)]
+    one = weight(rng, n, k, form)
+    copies = max(1, -(-COLD_BYTES // nbytes(one)))
+    ws = [one] + [weight(rng, n, k, form) for _ in range(copies - 1)]
     x = rng.standard_normal((1, k)).astype(np.float32)
 
     def cycle():
         for w in ws:
             Q.qlinear(x, w)
 
-    s = median_seconds(cycle, max(1, 30 // copies), repeat) / copies
+    s = median_seconds(cycle, 1, repeat) / copies
     return f"{name:18s} {form:9s} {nbytes(ws[0]) / 1e6:8.2f} MB {s * 1e6:9.1f} us {nbytes(ws[0]) / s / 1e9:7.2f} GB/s"
 
 
@@ -100,7 +102,8 @@ def main() -> None:
     assert Q.NUMBA is not None, "numba (the `fast` extra) is needed"
     rng = np.random.default_rng(0)
     print(f"load: {os.getloadavg()}")
-    print(f"copy ceiling: {copy_ceiling(args.repeat):.2f} GB/s (np.copyto 256 MiB, read + write)")
+    copy, read = ceilings(args.repeat)
+    print(f"ceilings: copy {copy:.2f} GB/s (np.copyto 256 MiB, read + write), read {read:.2f} GB/s (np.sum)")
     rows = [int(r) for r in args.rows.split(",")]
     for name in args.shapes.split(","):
         n, k = SHAPES[name]

@@ -28,58 +28,88 @@ def dequantized(q, scales, zeros, lo, hi, group):
     return dequantize_per_channel_group(q, scales, zeros, lo, hi, 1, group, 6, out)
 
 
+def packed_grouped(rng, n: int, k: int, group: int, bits: int, with_zeros: bool):
+    """(packed weight, its dequantization by the registered kernel)."""
+    q, s, z, lo, hi = grouped_weight(rng, n, k, group, bits, with_zeros)
+    return Q.pack(q, s, z, group), dequantized(q, s, z, lo, hi, group)
+
+
 @pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
 @pytest.mark.parametrize("m", [1, 5])
-def test_numpy_qmatmul_is_x_times_the_dequantized_weight(bits, with_zeros, m):
+def test_numpy_qlinear_is_x_times_the_dequantized_weight(bits, with_zeros, m):
     rng = np.random.default_rng(bits * 10 + m)
-    q, s, z, lo, hi = grouped_weight(rng, 48, 96, 32, bits, with_zeros)
+    packed, w = packed_grouped(rng, 48, 96, 32, bits, with_zeros)
     x = rng.standard_normal((m, 96)).astype(np.float32)
-    expected = x @ dequantized(q, s, z, lo, hi, 32).T
-    np.testing.assert_allclose(Q.qmatmul_numpy(x, q, s, z, 32), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Q.qlinear_numpy(x, packed), x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-@needs_numba
-@pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
-@pytest.mark.parametrize("m", [1, 3, Q.BLAS_MIN_ROWS, 7])  # the mat-vec path, then dequantize + BLAS
-def test_numba_qmatmul_equals_numpy_within_float32_rounding(bits, with_zeros, m):
-    rng = np.random.default_rng(bits + m)
-    q, s, z, _, _ = grouped_weight(rng, 130, 256, 64, bits, with_zeros)
-    x = rng.standard_normal((m, 256)).astype(np.float32)
-    expected = Q.NUMPY["qmatmul"](x, q, s, z, 64)
-    got = Q.NUMBA["qmatmul"](x, q, s, z, 64)
+def assert_within_float32_rounding(got, expected):
     assert got.shape == expected.shape and got.dtype == np.float32
     scale = np.abs(expected).max(axis=1, keepdims=True)
     assert np.all(np.abs(got - expected) <= 1e-5 * scale + 1e-6)
 
 
-def test_numpy_per_token_quantization_round_trips_within_half_a_step():
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((4, 64)).astype(np.float32) * np.array([[1], [10], [1e-3], [0]], np.float32)
-    q, scale, zero = Q.quantize_per_token_numpy(x)
-    assert q.dtype == np.int8 and scale.shape == zero.shape == (4,)
-    back = (q.astype(np.float32) - zero[:, None]) * scale[:, None]
-    assert np.all(np.abs(back - x) <= scale[:, None] / 2 + 1e-7)
+@needs_numba
+@pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
+@pytest.mark.parametrize("m", [1, 3, Q.BLAS_MIN_ROWS, 7])  # the mat-vec path, then dequantize + BLAS
+def test_numba_qlinear_equals_numpy_within_float32_rounding(bits, with_zeros, m):
+    rng = np.random.default_rng(bits + m)
+    packed, _ = packed_grouped(rng, 130, 256, 64, bits, with_zeros)
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    assert_within_float32_rounding(Q.NUMBA["qlinear"](x, packed), Q.NUMPY["qlinear"](x, packed))
 
 
 @needs_numba
-def test_numba_per_token_quantization_equals_numpy_exactly():
-    rng = np.random.default_rng(4)
-    for magnitude in (1.0, 1e-3, 300.0):
-        x = (rng.standard_normal((6, 576)) * magnitude).astype(np.float32)
-        x[0], x[1] = 0, np.abs(x[1])  # an all-zero row and a row with no negative value
-        for got, expected in zip(Q.NUMBA["quantize_per_token"](x), Q.NUMPY["quantize_per_token"](x)):
-            assert got.dtype == expected.dtype and np.array_equal(got, expected)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n", [130, 1000])  # one 64-column run per thread and a short last one; several runs
+def test_two_thread_mat_vec_equals_one_thread(monkeypatch, bits, n):
+    """Above PARALLEL_MIN_WEIGHTS, with a core free, decode splits the outputs between threads;
+    each output is the same sum in the same order, so the two agree bit for bit."""
+    rng = np.random.default_rng(n)
+    packed, _ = packed_grouped(rng, n, 512, 32, bits, True)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "_other_core_idle", lambda: True)
+    two = Q.NUMBA["qlinear"](x, packed)
+    monkeypatch.setattr(Q, "_other_core_idle", lambda: False)
+    one = Q.NUMBA["qlinear"](x, packed)
+    assert np.array_equal(two, one)
+    assert_within_float32_rounding(one, Q.NUMPY["qlinear"](x, packed))
 
 
-@pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
-def test_embedding_gathers_dequantized_rows(bits, with_zeros):
-    rng = np.random.default_rng(5)
-    q, s, z, lo, hi = grouped_weight(rng, 40, 64, 32, bits, with_zeros)
-    ids = np.array([[3, 0, 39, 3]])
-    expected = dequantized(q, s, z, lo, hi, 32)[ids.reshape(-1)]
-    assert np.array_equal(Q.embedding_numpy(q, s, z, 32, ids), expected)
-    if Q.NUMBA is not None:
-        assert np.array_equal(Q.NUMBA["embedding"](q, s, z, 32, ids), expected)
+CACHE_PROBE = """
+import json, numpy as np
+from execupy.kernels.fast import quantized as Q, quantized_jit as K
+rng = np.random.default_rng(0)
+Q.PARALLEL_MIN_WEIGHTS = 256 * 1024
+for values in ((-100, 100), (0, 15)):  # int8 rows, then nibbles
+    for n in (64, 256):  # one thread, then two
+        packed = Q.pack(rng.integers(*values, (n, 1024)).astype(np.int8), np.ones((n, 32), np.float32), None, 32)
+        Q._other_core_idle = lambda: True
+        for m in (1, 5):  # decode, then prefill
+            Q.NUMBA["qlinear"](np.ones((m, 1024), np.float32), packed)
+Q.NUMBA["fake_quantize_per_token"](np.ones((2, 64), np.float32))
+print(json.dumps({name: [sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values())]
+                  for name, k in K.KERNELS.items()}))
+"""
+
+
+@needs_numba
+def test_a_second_process_finds_every_compiled_kernel_in_numbas_cache(tmp_path):
+    """Compiled once per machine, not once per process (a kernel that misses the disk cache
+    is compiled again inside the first forward call, half a second each)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", CACHE_PROBE], env=env, capture_output=True, text=True,
+                                      check=True, timeout=600).stdout) for _ in range(2)]
+    assert all(misses > 0 for _, misses in runs[0].values())  # the first process compiled each one
+    assert all(hits > 0 and misses == 0 for hits, misses in runs[1].values())
 
 
 @pytest.mark.parametrize("values,nibbles", [((-8, 7), True), ((0, 15), True), ((-9, 7), False), ((0, 16), False)])
