@@ -114,9 +114,9 @@ def test_a_second_process_finds_every_compiled_kernel_in_numbas_cache(tmp_path):
 
 @pytest.mark.parametrize("values,nibbles", [((-8, 7), True), ((0, 15), True), ((-9, 7), False), ((0, 16), False)])
 @pytest.mark.parametrize("m", [1, 6])
-def test_4bit_weights_pack_two_to_a_byte_and_compute_the_same(values, nibbles, m):
+def test_4bit_weights_pack_eight_to_a_word_and_compute_the_same(values, nibbles, m):
     """int4 (Q4_0-like, -8..7) and uint4 (Q4_1-like, 0..15 with a minimum) weights are stored
-    two rows to a byte; anything wider stays one per byte. Either way qlinear is x @ w.T."""
+    eight rows to a 32-bit word; anything wider stays one per byte. Either way qlinear is x @ w.T."""
     rng = np.random.default_rng(m)
     q = rng.integers(values[0], values[1] + 1, (70, 128)).astype(np.int8)
     scales = (rng.random((70, 4)) * 0.05 + 1e-3).astype(np.float32)

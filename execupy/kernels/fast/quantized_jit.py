@@ -13,7 +13,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-_LOW, _FOUR = np.uint8(15), np.uint8(4)
+_M4 = np.uint32(15)
+_S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -48,22 +49,23 @@ def _int8_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out):
 
 @numba.njit(cache=True, fastmath=True)
 def _nibble_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out):
-    # _int8_columns on two rows per byte: low half row 2i, high half row 2i + 1 (group_size % 4 == 0).
-    # The nibbles stay uint8 (explicit casts): numba would widen `byte >> 4` to int64, and the
-    # loop would run at half the speed of the int8 layout instead of twice.
+    # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
+    # The words stay uint32 (explicit casts): numba would widen the shifts to int64 and halve the lanes.
     n = j1 - j0
     total = np.zeros(n, np.float32)
     acc = np.empty(n, np.float32)
-    for g in range(qt.shape[0] * 2 // group_size):
+    for g in range(qt.shape[0] * 8 // group_size):
         acc[:] = 0
-        for b in range(g * group_size // 2, (g + 1) * group_size // 2, 2):
-            c = 2 * b
-            x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
-            r0, r1 = qt[b, j0:j1], qt[b + 1, j0:j1]
+        for b in range(g * group_size // 8, (g + 1) * group_size // 8):
+            c = 8 * b
+            x0, x1, x2, x3, x4, x5, x6, x7 = x[c], x[c + 1], x[c + 2], x[c + 3], x[c + 4], x[c + 5], x[c + 6], x[c + 7]
+            row = qt[b, j0:j1]
             for j in range(n):
-                v0, v1 = r0[j], r1[j]
-                acc[j] += (x0 * np.float32(np.uint8(v0 & _LOW)) + x1 * np.float32(np.uint8(v0 >> _FOUR))
-                           + x2 * np.float32(np.uint8(v1 & _LOW)) + x3 * np.float32(np.uint8(v1 >> _FOUR)))
+                v = row[j]
+                acc[j] += (x0 * np.float32(np.int32(v & _M4)) + x1 * np.float32(np.int32((v >> _S4) & _M4))
+                           + x2 * np.float32(np.int32((v >> _S8) & _M4)) + x3 * np.float32(np.int32((v >> _S12) & _M4))
+                           + x4 * np.float32(np.int32((v >> _S16) & _M4)) + x5 * np.float32(np.int32((v >> _S20) & _M4))
+                           + x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28)))
         xs, sg, og = xsum[g], scales[g, j0:j1], offsets[g, j0:j1]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
@@ -110,12 +112,12 @@ def dequantize_columns(qt, scales, offsets, group_size, nibbles, j0, j1, dst):
                 row[j] = np.float32(q[j]) * sg[j] + og[j]
         return
     for b in range(qt.shape[0]):
-        g = 2 * b // group_size  # rows 2b and 2b + 1 share a group (group_size is even)
-        q, sg, og, even, odd = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[2 * b], dst[2 * b + 1]
-        for j in range(j1 - j0):
-            v = q[j]
-            even[j] = np.float32(np.uint8(v & _LOW)) * sg[j] + og[j]
-            odd[j] = np.float32(np.uint8(v >> _FOUR)) * sg[j] + og[j]
+        g = 8 * b // group_size  # a word's eight rows share a group (group_size % 8 == 0)
+        q, sg, og = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1]
+        for r in range(8):
+            row, shift = dst[8 * b + r], np.uint32(4 * r)
+            for j in range(j1 - j0):
+                row[j] = np.float32(np.int32((q[j] >> shift) & _M4)) * sg[j] + og[j]
 
 
 @numba.njit(cache=True)
