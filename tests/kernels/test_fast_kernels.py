@@ -63,16 +63,15 @@ def test_numba_qlinear_equals_numpy_within_float32_rounding(bits, with_zeros, m)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n", [130, 1000])  # one 64-column run per thread and a short last one; several runs
 def test_two_thread_mat_vec_equals_one_thread(monkeypatch, bits, n):
-    """Above PARALLEL_MIN_WEIGHTS, with a core free, decode splits the outputs between threads;
-    each output is the same sum in the same order, so the two agree bit for bit."""
+    """Above PARALLEL_MIN_WEIGHTS, with a core free (or when asked), decode splits the outputs
+    between threads; each output is the same sum in the same order, so they agree bit for bit."""
     rng = np.random.default_rng(n)
     packed, _ = packed_grouped(rng, n, 512, 32, bits, True)
     x = rng.standard_normal((2, 512)).astype(np.float32)
     monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
     monkeypatch.setattr(Q, "_other_core_idle", lambda: True)
-    two = Q.NUMBA["qlinear"](x, packed)
-    monkeypatch.setattr(Q, "_other_core_idle", lambda: False)
-    one = Q.NUMBA["qlinear"](x, packed)
+    assert np.array_equal(Q.NUMBA["qlinear"](x, packed), Q.NUMBA["qlinear"](x, packed, threads=1))
+    two, one = Q.NUMBA["qlinear"](x, packed, threads=2), Q.NUMBA["qlinear"](x, packed, threads=1)
     assert np.array_equal(two, one)
     assert_within_float32_rounding(one, Q.NUMPY["qlinear"](x, packed))
 
@@ -81,13 +80,10 @@ CACHE_PROBE = """
 import json, numpy as np
 from execupy.kernels.fast import quantized as Q, quantized_jit as K
 rng = np.random.default_rng(0)
-Q.PARALLEL_MIN_WEIGHTS = 256 * 1024
-for values in ((-100, 100), (0, 15)):  # int8 rows, then nibbles
-    for n in (64, 256):  # one thread, then two
-        packed = Q.pack(rng.integers(*values, (n, 1024)).astype(np.int8), np.ones((n, 32), np.float32), None, 32)
-        Q._other_core_idle = lambda: True
-        for m in (1, 5):  # decode, then prefill
-            Q.NUMBA["qlinear"](np.ones((m, 1024), np.float32), packed)
+for values in ((-100, 100), (0, 15)):  # int8 rows, then 4-bit words
+    packed = Q.pack(rng.integers(*values, (64, 1024)).astype(np.int8), np.ones((64, 32), np.float32), None, 32)
+    for m, threads in ((1, 1), (1, 2), (5, None)):  # decode on one thread and on two, then prefill
+        Q.NUMBA["qlinear"](np.ones((m, 1024), np.float32), packed, threads=threads)
 Q.NUMBA["fake_quantize_per_token"](np.ones((2, 64), np.float32))
 print(json.dumps({name: [sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values())]
                   for name, k in K.KERNELS.items()}))
@@ -129,3 +125,17 @@ def test_4bit_weights_pack_eight_to_a_word_and_compute_the_same(values, nibbles,
     for impl in [Q.NUMPY] + ([Q.NUMBA] if Q.NUMBA is not None else []):
         got = impl["qlinear"](x, packed)
         assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max(axis=1, keepdims=True) + 1e-6)
+
+
+@needs_numba
+def test_packing_warms_the_compiled_kernels_up_at_load():
+    """The first pack in a process (the runtime packs while it binds a method) runs each kernel
+    once, so the first forward call does not load them; warming twice does nothing more."""
+    from execupy.kernels.fast import quantized_jit as K
+
+    Q.pack(np.zeros((8, 32), np.int8), np.ones((8, 1), np.float32), None, 32)
+    assert Q._warm["done"]
+    assert all(kernel.signatures for kernel in K.KERNELS.values())
+    before = {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
+    Q.warm_up()
+    assert before == {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}

@@ -79,6 +79,9 @@ class PackedWeight:
 
 def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
          mins: Optional[np.ndarray] = None) -> PackedWeight:
+    """The weight q [N, K] (w = (q - zeros) * scales (+ mins) per group) laid out for `qlinear`;
+    the first call in a process also warms the compiled kernels up (`warm_up`)."""
+    warm_up()
     n = q.shape[0]
     q = q.reshape(n, -1)
     k = q.shape[1]
@@ -95,6 +98,25 @@ def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_s
         packed |= u[r::8] << np.uint32(4 * r)
     return PackedWeight(np.ascontiguousarray(packed), np.ascontiguousarray(s.T),
                         np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, True)
+
+
+_warm = {"done": False}
+
+
+def warm_up() -> None:
+    """Run every compiled kernel once on a tiny weight of each layout, at load (the runtime packs
+    weights when it binds a method): numba reads its machine code from the disk cache and starts
+    its worker threads now, not inside the first forward call (0.1 s the first time in a process)."""
+    if NUMBA is None or _warm["done"]:
+        return
+    _warm["done"] = True  # before the pack calls below, which call back here
+    for values in ((-128, 127), (0, 15)):  # int8 rows, 4-bit words
+        q = np.full((64, 32), values[1], np.int8)
+        w = pack(q, np.ones((64, 1), np.float32), None, 32)
+        for m in (1, BLAS_MIN_ROWS):
+            NUMBA["qlinear"](np.ones((m, 32), np.float32), w)
+        NUMBA["qlinear"](np.ones((1, 32), np.float32), w, threads=2)
+    NUMBA["fake_quantize_per_token"](np.ones((1, 32), np.float32))
 
 
 def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
@@ -128,7 +150,7 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 # From this many weights (N * K) on, a decode mat-vec splits its outputs between two threads
 # (numba's prange): each reads half of the weight, which two cores read faster than one, and
 # the wake-up (a few microseconds when the other core is idle) is less than the half saved.
-# Smaller ones (SmolLM2's 192x576 k/v) and a busy machine stay on one thread (`_threads`).
+# Smaller ones (SmolLM2's 192x576 k/v) and a busy machine stay on one thread (`_other_core_idle`).
 PARALLEL_MIN_WEIGHTS = 256 * 1024
 
 
@@ -139,15 +161,19 @@ def _compile() -> Optional[dict[str, Callable]]:
         return None
     import numba
 
-    threads = numba.config.NUMBA_NUM_THREADS
+    cores = numba.config.NUMBA_NUM_THREADS
 
-    def qlinear(x, w: PackedWeight):
+    def qlinear(x, w: PackedWeight, threads: Optional[int] = None):
+        """`threads` (decode only) overrides the choice between one thread and all of them."""
         (n, k), m = w.shape, x.shape[0]
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
             xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
-            if n * k >= PARALLEL_MIN_WEIGHTS and threads > 1 and _other_core_idle():
+            if threads is None:
+                parallel = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and _other_core_idle()
+                threads = cores if parallel else 1
+            if threads > 1:
                 K.matvec_parallel(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
             else:
                 K.matvec(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
