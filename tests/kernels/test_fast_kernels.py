@@ -139,3 +139,18 @@ def test_packing_warms_the_compiled_kernels_up_at_load():
     before = {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
     Q.warm_up()
     assert before == {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
+
+
+def test_a_stalled_parallel_call_turns_threads_off_for_a_while(monkeypatch):
+    cores = Q._Cores()
+    monkeypatch.setattr(Q.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert cores.idle()
+    cores.took(0.0002, 1 << 20)  # 1 MiB in 0.2 ms: normal
+    assert cores.idle()
+    cores.took(0.008, 1 << 20)  # 8 ms: a thread waited for a core
+    assert not cores.idle()
+    cores.serial_until = 0.0  # the back-off is over
+    assert cores.idle()
+    monkeypatch.setattr(Q.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    cores.checked_at = -cores.LOAD_CHECK_S
+    assert not cores.idle()

@@ -174,7 +174,9 @@ def _compile() -> Optional[dict[str, Callable]]:
                 parallel = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and _other_core_idle()
                 threads = cores if parallel else 1
             if threads > 1:
+                t0 = time.perf_counter()
                 K.matvec_parallel(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
+                _CORES.took(time.perf_counter() - t0, w.qt.nbytes)
             else:
                 K.matvec(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
             return out
@@ -196,18 +198,38 @@ def _compile() -> Optional[dict[str, Callable]]:
     return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear}
 
 
-_LOAD_CHECK_S = 1.0
-_load_state = {"at": -_LOAD_CHECK_S, "idle": True}
+@dataclass
+class _Cores:
+    """Whether a decode mat-vec may take a second core now: the 1-minute load average leaves
+    one free (read at most once a second), and no parallel call stalled in the last
+    `STALL_BACKOFF_S`. A second thread that waits for a busy core costs milliseconds per call
+    (8 ms for a 1536x576 mat-vec on a loaded machine against 0.02 ms on one thread); the load
+    average lags a burst by a minute, so a call that stalls turns threads off at once."""
+
+    LOAD_CHECK_S = 1.0
+    STALL_BACKOFF_S = 5.0
+    checked_at: float = -LOAD_CHECK_S
+    load_leaves_one: bool = True
+    serial_until: float = 0.0
+
+    def idle(self) -> bool:
+        now = time.monotonic()
+        if now - self.checked_at >= self.LOAD_CHECK_S:
+            self.checked_at = now
+            self.load_leaves_one = os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5
+        return self.load_leaves_one and now >= self.serial_until
+
+    def took(self, seconds: float, nbytes: int) -> None:
+        """A parallel call's time; slower than 1 ms + 10 GB/s means a thread waited for a core."""
+        if seconds > 1e-3 + nbytes / 10e9:
+            self.serial_until = time.monotonic() + self.STALL_BACKOFF_S
+
+
+_CORES = _Cores()
 
 
 def _other_core_idle() -> bool:
-    """Whether the machine's 1-minute load leaves a core for a second thread (read at most once
-    a second). A second thread that has to wait for a busy core costs milliseconds per call
-    (8 ms for a 1536x576 mat-vec on a loaded machine, against 0.02 ms on one thread)."""
-    now = time.monotonic()
-    if now - _load_state["at"] >= _LOAD_CHECK_S:
-        _load_state["at"], _load_state["idle"] = now, os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5
-    return _load_state["idle"]
+    return _CORES.idle()
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
