@@ -169,16 +169,15 @@ def _compile() -> Optional[dict[str, Callable]]:
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
-            xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
             if threads is None:
                 parallel = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and _other_core_idle()
                 threads = cores if parallel else 1
             if threads > 1:
                 t0 = time.perf_counter()
-                K.matvec_parallel(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
+                K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
                 _CORES.took(time.perf_counter() - t0, w.qt.nbytes)
             else:
-                K.matvec(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
+                K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
             return out
         # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
         scratch = np.empty((k, min(n, BLAS_SLICE_COLUMNS)), np.float32)

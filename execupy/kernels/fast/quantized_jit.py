@@ -18,8 +18,8 @@ _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
 
 
 @numba.njit(cache=True, fastmath=True)
-def _int8_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out):
-    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * xsum[g]) for j in j0..j1.
+def _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out):
+    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * sum_{c in g} x[c]) for j in j0..j1.
     # The innermost loops run over contiguous outputs through 1-D row views, which LLVM
     # vectorises (2-D indexing there kept it scalar, 10x slower); four input rows per pass
     # quarter the traffic on the running sums.
@@ -41,14 +41,14 @@ def _int8_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out):
             for j in range(n):
                 acc[j] += xc * np.float32(r0[j])
             c += 1
-        xs, sg, og = xsum[g], scales[g, j0:j1], offsets[g, j0:j1]
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
     out[j0:j1] = total
 
 
 @numba.njit(cache=True, fastmath=True)
-def _nibble_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out):
+def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
     # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
     # The words stay uint32 (explicit casts): numba would widen the shifts to int64 and halve the lanes.
     n = j1 - j0
@@ -66,29 +66,29 @@ def _nibble_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out):
                            + x2 * np.float32(np.int32((v >> _S8) & _M4)) + x3 * np.float32(np.int32((v >> _S12) & _M4))
                            + x4 * np.float32(np.int32((v >> _S16) & _M4)) + x5 * np.float32(np.int32((v >> _S20) & _M4))
                            + x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28)))
-        xs, sg, og = xsum[g], scales[g, j0:j1], offsets[g, j0:j1]
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
     out[j0:j1] = total
 
 
 @numba.njit(cache=True)
-def _columns(x, xsum, qt, scales, offsets, group_size, nibbles, j0, j1, out):
+def _columns(x, qt, scales, offsets, group_size, nibbles, j0, j1, out):
     if nibbles:
-        _nibble_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out)
+        _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out)
     else:
-        _int8_columns(x, xsum, qt, scales, offsets, group_size, j0, j1, out)
+        _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out)
 
 
 @numba.njit(cache=True)
-def matvec(x, xsum, qt, scales, offsets, group_size, nibbles, out):
+def matvec(x, qt, scales, offsets, group_size, nibbles, out):
     """out[r] = x[r] @ w.T for each (few) row r, one thread: every weight byte read once per row."""
     for r in range(x.shape[0]):
-        _columns(x[r], xsum[r], qt, scales, offsets, group_size, nibbles, 0, out.shape[1], out[r])
+        _columns(x[r], qt, scales, offsets, group_size, nibbles, 0, out.shape[1], out[r])
 
 
 @numba.njit(cache=True, parallel=True)
-def matvec_parallel(x, xsum, qt, scales, offsets, group_size, nibbles, blocks, out):
+def matvec_parallel(x, qt, scales, offsets, group_size, nibbles, blocks, out):
     """`matvec` with the outputs cut into `blocks` runs of columns, one per thread; a run is a
     multiple of 64 columns, so no two threads write into one cache line."""
     n = out.shape[1]
@@ -98,7 +98,7 @@ def matvec_parallel(x, xsum, qt, scales, offsets, group_size, nibbles, blocks, o
             j0 = b * width
             j1 = min(n, j0 + width)
             if j0 < j1:
-                _columns(x[r], xsum[r], qt, scales, offsets, group_size, nibbles, j0, j1, out[r])
+                _columns(x[r], qt, scales, offsets, group_size, nibbles, j0, j1, out[r])
 
 
 @numba.njit(cache=True, fastmath=True)
