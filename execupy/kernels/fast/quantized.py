@@ -150,7 +150,8 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 # From this many weights (N * K) on, a decode mat-vec splits its outputs between two threads
 # (numba's prange): each reads half of the weight, which two cores read faster than one, and
 # the wake-up (a few microseconds when the other core is idle) is less than the half saved.
-# Smaller ones (SmolLM2's 192x576 k/v) and a busy machine stay on one thread (`_other_core_idle`).
+# Smaller ones (SmolLM2's 192x576 k/v) stay on one thread, and all do for a while after a call
+# that stalled on a busy machine (`_Cores`).
 PARALLEL_MIN_WEIGHTS = 256 * 1024
 
 
@@ -199,28 +200,23 @@ def _compile() -> Optional[dict[str, Callable]]:
 
 @dataclass
 class _Cores:
-    """Whether a decode mat-vec may take a second core now: the 1-minute load average leaves
-    one free (read at most once a second), and no parallel call stalled in the last
-    `STALL_BACKOFF_S`. A second thread that waits for a busy core costs milliseconds per call
-    (8 ms for a 1536x576 mat-vec on a loaded machine against 0.02 ms on one thread); the load
-    average lags a burst by a minute, so a call that stalls turns threads off at once."""
+    """Whether a decode mat-vec may take a second core now: not within `STALL_BACKOFF_S` of a
+    parallel call that stalled. A second thread that waits for a busy core costs a millisecond
+    or more per call (8 ms for a 1536x576 mat-vec on a loaded machine, against 0.02 ms on one
+    thread), so one stall turns threads off for a while; on an idle machine none happens.
+    (The load average cannot decide it: it lags a burst by a minute, and our own second
+    thread, spinning between calls, counts in it.)"""
 
-    LOAD_CHECK_S = 1.0
     STALL_BACKOFF_S = 5.0
-    checked_at: float = -LOAD_CHECK_S
-    load_leaves_one: bool = True
     serial_until: float = 0.0
 
     def idle(self) -> bool:
-        now = time.monotonic()
-        if now - self.checked_at >= self.LOAD_CHECK_S:
-            self.checked_at = now
-            self.load_leaves_one = os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5
-        return self.load_leaves_one and now >= self.serial_until
+        return time.monotonic() >= self.serial_until
 
     def took(self, seconds: float, nbytes: int) -> None:
-        """A parallel call's time; slower than 1 ms + 10 GB/s means a thread waited for a core."""
-        if seconds > 1e-3 + nbytes / 10e9:
+        """A parallel call's time; slower than 50 us + 5 GB/s means a thread waited for a core
+        (two idle cores take 15-20 us for a 576x576 4-bit weight, 0.25 MB)."""
+        if seconds > 50e-6 + nbytes / 5e9:
             self.serial_until = time.monotonic() + self.STALL_BACKOFF_S
 
 
