@@ -8,7 +8,7 @@ For each linear shape of the model (q/o 576x576, k/v 192x576, gate/up 1536x576, 
 (int8 groups of 32: Q8_0 and `--quantize int8`-like; int4 nibbles in groups of 32 with a
 minimum: Q4_1 as `int4`/`gguf` keep it), it times `qlinear` (numba) on x [M, K]:
 
-* M = 1 (decode): GB/s = bytes the kernel must read (packed integers + scales + offsets)
+* M = 1 (decode), on one thread and on two (`--threads`): GB/s = bytes the kernel must read (packed integers + scales + offsets)
   / seconds. The weight is cycled over as many distinct copies as fill 96 MiB (what a
   decode step reads, three times the L3 cache), so it comes from memory as in a real
   decode step, not from cache. The ceilings beside it: numpy copying a 256 MiB array
@@ -68,7 +68,7 @@ def ceilings(repeat: int) -> tuple[float, float]:
     return 2 * src.nbytes / copy / 1e9, src.nbytes / read / 1e9
 
 
-def decode_row(rng, name: str, n: int, k: int, form: str, repeat: int) -> str:
+def decode_row(rng, name: str, n: int, k: int, form: str, repeat: int, threads: int) -> str:
     one = weight(rng, n, k, form)
     copies = max(1, -(-COLD_BYTES // nbytes(one)))
     ws = [one] + [weight(rng, n, k, form) for _ in range(copies - 1)]
@@ -76,10 +76,11 @@ def decode_row(rng, name: str, n: int, k: int, form: str, repeat: int) -> str:
 
     def cycle():
         for w in ws:
-            Q.qlinear(x, w)
+            Q.qlinear(x, w, threads=threads)
 
     s = median_seconds(cycle, 1, repeat) / copies
-    return f"{name:18s} {form:9s} {nbytes(ws[0]) / 1e6:8.2f} MB {s * 1e6:9.1f} us {nbytes(ws[0]) / s / 1e9:7.2f} GB/s"
+    return (f"{name:18s} {form:9s} {threads} thr {nbytes(ws[0]) / 1e6:8.2f} MB {s * 1e6:9.1f} us "
+            f"{nbytes(ws[0]) / s / 1e9:7.2f} GB/s")
 
 
 def prefill_row(rng, name: str, n: int, k: int, form: str, m: int, repeat: int) -> str:
@@ -97,6 +98,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,64,128", help="activation rows M (1 = decode)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--forms", default="int8 g32,q4_1 g32")
+    ap.add_argument("--threads", default="1,2", help="decode threads to time (qlinear's threads=)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from SHAPES")
     args = ap.parse_args()
     assert Q.NUMBA is not None, "numba (the `fast` extra) is needed"
@@ -109,8 +111,11 @@ def main() -> None:
         n, k = SHAPES[name]
         for form in args.forms.split(","):
             for m in rows:
-                print(decode_row(rng, name, n, k, form, args.repeat) if m == 1
-                      else prefill_row(rng, name, n, k, form, m, args.repeat), flush=True)
+                if m == 1:
+                    for threads in map(int, args.threads.split(",")):
+                        print(decode_row(rng, name, n, k, form, args.repeat, threads), flush=True)
+                else:
+                    print(prefill_row(rng, name, n, k, form, m, args.repeat), flush=True)
     print(f"load: {os.getloadavg()}")
 
 

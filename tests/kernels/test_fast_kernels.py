@@ -141,12 +141,19 @@ def test_packing_warms_the_compiled_kernels_up_at_load():
     assert before == {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
 
 
-def test_a_stalled_parallel_call_turns_threads_off_for_a_while():
+def test_two_threads_slower_than_one_turn_threads_off_for_a_while():
     cores = Q._Cores()
+    rng = np.random.default_rng(9)
+    w, _ = packed_grouped(rng, 512, 512, 32, 4, False)  # 128 KiB of 4-bit words
     assert cores.idle()
-    cores.took(0.00002, 256 << 10)  # a 256 KiB weight in 20 us: both cores were free
+    cores.took(w, 2, 0.00002)  # 20 us on two threads, none on one yet: both cores were free
     assert cores.idle()
-    cores.took(0.002, 256 << 10)  # 2 ms: a thread waited for a core
+    cores.took(w, 2, 0.002)  # 2 ms: a thread waited for a core
     assert not cores.idle()
     cores.serial_until = 0.0  # the back-off is over
+    cores.took(w, 1, 0.00003)  # one thread: 30 us, remembered
+    assert w.serial_s == 0.00003 and cores.idle()
+    cores.took(w, 2, 0.00002)  # two threads faster than that: they stay
     assert cores.idle()
+    cores.took(w, 2, 0.00004)  # slower than one thread
+    assert not cores.idle()

@@ -70,6 +70,7 @@ class PackedWeight:
     group_size: int
     k: int
     nibbles: bool
+    serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see _Cores
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -150,8 +151,8 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 # From this many weights (N * K) on, a decode mat-vec splits its outputs between two threads
 # (numba's prange): each reads half of the weight, which two cores read faster than one, and
 # the wake-up (a few microseconds when the other core is idle) is less than the half saved.
-# Smaller ones (SmolLM2's 192x576 k/v) stay on one thread, and all do for a while after a call
-# that stalled on a busy machine (`_Cores`).
+# Smaller ones (SmolLM2's 192x576 k/v) stay on one thread, and all do for a while after two
+# threads were slower than one on a busy machine (`_Cores`).
 PARALLEL_MIN_WEIGHTS = 256 * 1024
 
 
@@ -170,15 +171,16 @@ def _compile() -> Optional[dict[str, Callable]]:
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
-            if threads is None:
-                parallel = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and _other_core_idle()
-                threads = cores if parallel else 1
+            chosen = threads is None
+            if chosen:
+                threads = cores if n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and _other_core_idle() else 1
+            t0 = time.perf_counter()
             if threads > 1:
-                t0 = time.perf_counter()
                 K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
-                _CORES.took(time.perf_counter() - t0, w.qt.nbytes)
             else:
                 K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
+            if chosen:
+                _CORES.took(w, threads, time.perf_counter() - t0)
             return out
         # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
         scratch = np.empty((k, min(n, BLAS_SLICE_COLUMNS)), np.float32)
@@ -200,24 +202,26 @@ def _compile() -> Optional[dict[str, Callable]]:
 
 @dataclass
 class _Cores:
-    """Whether a decode mat-vec may take a second core now: not within `STALL_BACKOFF_S` of a
-    parallel call that stalled. A second thread that waits for a busy core costs a millisecond
-    or more per call (8 ms for a 1536x576 mat-vec on a loaded machine, against 0.02 ms on one
-    thread), so one stall turns threads off for a while; on an idle machine none happens.
-    (The load average cannot decide it: it lags a burst by a minute, and our own second
-    thread, spinning between calls, counts in it.)"""
+    """Whether a decode mat-vec may take a second core now: not within `BACKOFF_S` of a parallel
+    call that was slower than the same weight's last one-thread call. A second thread that
+    waits for a busy core costs from tens of microseconds to milliseconds per call (8 ms for a
+    1536x576 mat-vec on a loaded machine, against 0.02 ms on one thread): on a busy machine at
+    most one call per back-off pays it, on an idle one two cores stay on. (The load average
+    cannot decide it: it lags a burst by a minute, and our own spinning thread counts in it.)"""
 
-    STALL_BACKOFF_S = 5.0
+    BACKOFF_S = 5.0
     serial_until: float = 0.0
 
     def idle(self) -> bool:
         return time.monotonic() >= self.serial_until
 
-    def took(self, seconds: float, nbytes: int) -> None:
-        """A parallel call's time; slower than 50 us + 5 GB/s means a thread waited for a core
-        (two idle cores take 15-20 us for a 576x576 4-bit weight, 0.25 MB)."""
-        if seconds > 50e-6 + nbytes / 5e9:
-            self.serial_until = time.monotonic() + self.STALL_BACKOFF_S
+    def took(self, w: PackedWeight, threads: int, seconds: float) -> None:
+        """A chosen call's time: one thread's is remembered, two threads' compared with it (or,
+        before any, with 50 us + 5 GB/s: two idle cores take 15-20 us for 0.25 MB)."""
+        if threads == 1:
+            w.serial_s = seconds
+        elif seconds > (w.serial_s or 50e-6 + w.qt.nbytes / 5e9):
+            self.serial_until = time.monotonic() + self.BACKOFF_S
 
 
 _CORES = _Cores()
