@@ -93,10 +93,11 @@ def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_s
     if shift is None or group_size % 8:
         return PackedWeight(np.ascontiguousarray(q.T), np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T),
                             group_size, k, False)
-    u = (q.T + np.int8(shift)).view(np.uint8).astype(np.uint32)  # [K, N], values 0..15
-    packed = np.zeros((k // 8, n), np.uint32)
-    for r in range(8):
-        packed |= u[r::8] << np.uint32(4 * r)
+    u = (q.T + np.int8(shift)).view(np.uint8)  # [K, N], values 0..15
+    pairs = u[0::2] | (u[1::2] << np.uint8(4))  # [K/2, N]: rows 2i (low) and 2i + 1 (high) in a byte
+    packed = np.zeros((k // 8, n), np.uint32)  # byte b of a word: pair 4i + b, so row 8i + r in bits 4r..4r+3
+    for b in range(4):
+        packed |= pairs[b::4].astype(np.uint32) << np.uint32(8 * b)
     return PackedWeight(np.ascontiguousarray(packed), np.ascontiguousarray(s.T),
                         np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, True)
 
