@@ -146,14 +146,21 @@ def test_two_threads_slower_than_one_turn_threads_off_for_a_while():
     rng = np.random.default_rng(9)
     w, _ = packed_grouped(rng, 512, 512, 32, 4, False)  # 128 KiB of 4-bit words
     assert cores.idle()
-    cores.took(w, 2, 0.00002)  # 20 us on two threads, none on one yet: both cores were free
+    cores.took(w, 1, 0.00003)  # a weight's first call runs on one thread: 30 us, remembered
+    assert w.serial_s == 0.00003 and cores.idle()
+    cores.took(w, 2, 0.00002)  # two threads faster than that: they stay
     assert cores.idle()
     cores.took(w, 2, 0.002)  # 2 ms: a thread waited for a core
     assert not cores.idle()
     cores.serial_until = 0.0  # the back-off is over
-    cores.took(w, 1, 0.00003)  # one thread: 30 us, remembered
-    assert w.serial_s == 0.00003 and cores.idle()
-    cores.took(w, 2, 0.00002)  # two threads faster than that: they stay
     assert cores.idle()
-    cores.took(w, 2, 0.00004)  # slower than one thread
-    assert not cores.idle()
+
+
+@needs_numba
+def test_a_weights_first_decode_call_runs_on_one_thread(monkeypatch):
+    monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "_other_core_idle", lambda: True)
+    w, _ = packed_grouped(np.random.default_rng(10), 256, 256, 32, 4, False)
+    assert w.serial_s == 0
+    Q.NUMBA["qlinear"](np.ones((1, 256), np.float32), w)
+    assert w.serial_s > 0  # timed on one thread; the next calls may take two

@@ -174,7 +174,9 @@ def _compile() -> Optional[dict[str, Callable]]:
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
             chosen = threads is None
             if chosen:
-                threads = cores if n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and _other_core_idle() else 1
+                # a weight's first call runs on one thread: the time the second thread must beat
+                big = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and w.serial_s > 0
+                threads = cores if big and _other_core_idle() else 1
             t0 = time.perf_counter()
             if threads > 1:
                 K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
@@ -204,7 +206,8 @@ def _compile() -> Optional[dict[str, Callable]]:
 @dataclass
 class _Cores:
     """Whether a decode mat-vec may take a second core now: not within `BACKOFF_S` of a parallel
-    call that was slower than the same weight's last one-thread call. A second thread that
+    call that was slower than the same weight's last one-thread call (a weight's first call
+    runs on one thread, so there is always one to compare with). A second thread that
     waits for a busy core costs from tens of microseconds to milliseconds per call (8 ms for a
     1536x576 mat-vec on a loaded machine, against 0.02 ms on one thread): on a busy machine at
     most one call per back-off pays it, on an idle one two cores stay on. (The load average
@@ -217,11 +220,10 @@ class _Cores:
         return time.monotonic() >= self.serial_until
 
     def took(self, w: PackedWeight, threads: int, seconds: float) -> None:
-        """A chosen call's time: one thread's is remembered, two threads' compared with it (or,
-        before any, with 50 us + 5 GB/s: two idle cores take 15-20 us for 0.25 MB)."""
+        """A chosen call's time: one thread's is remembered, two threads' compared with it."""
         if threads == 1:
             w.serial_s = seconds
-        elif seconds > (w.serial_s or 50e-6 + w.qt.nbytes / 5e9):
+        elif seconds > w.serial_s:
             self.serial_until = time.monotonic() + self.BACKOFF_S
 
 
