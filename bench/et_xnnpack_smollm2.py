@@ -18,8 +18,12 @@ of three prompts, one run each, greedy:
 
 Both stop at the program's end-of-sequence ids. Printed per prompt: tokens equal or the
 first difference (with both runtimes' logits for the two top tokens at that step, fed
-ExecuTorch's own tokens up to it, so a near-tie shows as one), and decode tok/s of ours
-beside the runner's. Exit status 1 on any
+ExecuTorch's own tokens up to it, so a near-tie shows as one), the tokens of ours with
+ExecuTorch's own custom_sdpa put in place of ours (everything else then runs on ours; on
+ExecuTorch's tiny 8da4w programs tests/test_xnnpack_llm_programs.py finds those logits equal
+bit for bit), a control (ExecuTorch's runtime against itself with MKL_CBWR=COMPATIBLE, i.e. another summation order in the MKL
+sgemm its custom_sdpa calls: how far the greedy tokens survive a change in the last bits of
+the attention), and decode tok/s of ours beside the runner's. Exit status 1 on any
 difference.
 """
 from __future__ import annotations
@@ -69,6 +73,25 @@ def logits_at(pte: Path, prompt: list, tokens: list) -> str:
             f"(largest |logit| {np.abs(theirs).max():.2f})")
 
 
+def greedy_with_executorchs_attention(pte: Path, prompt: list, new_tokens: int, eos_ids: set) -> list:
+    """Our runtime's greedy tokens with ExecuTorch's own llama::custom_sdpa in place of ours
+    (a reference-venv subprocess answers each call): one prefill, then one token per call."""
+    import numpy as np
+
+    from execupy.runtime import Program
+    from tests.et_llm import executorch_custom_sdpa
+
+    with executorch_custom_sdpa():
+        method = Program.load(str(pte)).load_method("forward")
+        logits, out = method.execute([np.array([prompt]), np.array([0])])[0], []
+        while len(out) < new_tokens:
+            out.append(int(logits.reshape(-1, logits.shape[-1])[-1].argmax()))
+            if out[-1] in eos_ids:
+                break
+            logits = method.execute([np.array([[out[-1]]]), np.array([len(prompt) + len(out) - 1])])[0]
+    return out
+
+
 def compare_prompt(pte: Path, tokenizer: Path, prompt: str, new_tokens: int) -> tuple[bool, str, float, float]:
     """(all equal, report lines, our decode tok/s, the runner's decode tok/s) for one prompt."""
     from execupy.llm.tokenizer import load_tokenizer
@@ -86,6 +109,17 @@ def compare_prompt(pte: Path, tokenizer: Path, prompt: str, new_tokens: int) -> 
         f"first difference at token {at}: ours {ours[at:at + 3]}, theirs {theirs_ids[at:at + 3]}"))
     if at is not None:
         lines.append("  " + logits_at(pte, ids["prompt_ids"], theirs_ids[:at]))
+    swapped = greedy_with_executorchs_attention(pte, ids["prompt_ids"], new_tokens, set(tok.eos_ids))
+    at_swapped = first_difference(swapped, theirs_ids)
+    lines.append("  ours with ExecuTorch's own custom_sdpa in place of ours vs ExecuTorch's runtime: " + (
+        f"equal, {len(swapped)} tokens" if at_swapped is None else f"first difference at token {at_swapped}"))
+    # The control: ExecuTorch against itself with MKL on another code path (same arithmetic,
+    # another order of summation in the sgemm its attention calls: docs/xnnpack-export.md).
+    control = reference_greedy(pte, ids["prompt_ids"], new_tokens, eos_ids=list(tok.eos_ids),
+                               extra_env={"MKL_CBWR": "COMPATIBLE"})
+    at_control = first_difference(control, theirs_ids)
+    lines.append("  control, ExecuTorch's runtime with MKL_CBWR=COMPATIBLE vs without: " + (
+        f"equal, {len(control)} tokens" if at_control is None else f"first difference at token {at_control}"))
     try:
         runner, _ = generate_with_et_runner(pte, tokenizer, prompt, new_tokens)
     except NotAvailable as e:  # the ids above still compare; say why the runner gave nothing

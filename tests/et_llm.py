@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 from tests.reference import ReferenceError, _last_lines, reference_python
 
@@ -150,14 +155,74 @@ print(json.dumps(out))
 
 
 def reference_greedy(pte: Path, prompt: Sequence[int], max_new_tokens: int,
-                     eos_ids: Sequence[int] = (EOS_ID,)) -> list[int]:
-    """The tokens ExecuTorch's runtime picks greedily after ``prompt`` (the EOS included)."""
+                     eos_ids: Sequence[int] = (EOS_ID,), extra_env: Optional[dict[str, str]] = None) -> list[int]:
+    """The tokens ExecuTorch's runtime picks greedily after ``prompt`` (the EOS included);
+    `extra_env` adds variables to its process's environment (e.g. MKL_CBWR)."""
     cmd = [str(reference_python()), "-c", _GREEDY_WORKER, str(pte), json.dumps(list(prompt)),
            str(max_new_tokens), json.dumps(list(eos_ids))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, **extra_env} if extra_env else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode != 0:
         raise ReferenceError(f"greedy worker exited {proc.returncode}: {_last_lines(proc.stderr)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# Runs inside the reference venv: ExecuTorch's llama::custom_sdpa as a service, one call per
+# request on stdin (a length-prefixed .npz of q, k, v, start_pos, causal and maybe scale), its output back on
+# stdout (a length-prefixed .npy).
+_SDPA_SERVER = r"""
+import io, struct, sys, numpy as np, torch
+from executorch.extension.llm.custom_ops import custom_ops  # registers llama::custom_sdpa
+read, write = sys.stdin.buffer, sys.stdout.buffer
+while len(head := read.read(8)) == 8:
+    data = np.load(io.BytesIO(read.read(struct.unpack("<Q", head)[0])))
+    q, k, v = (torch.from_numpy(data[x]) for x in "qkv")
+    scale = float(data["scale"]) if "scale" in data.files else None
+    out = torch.ops.llama.custom_sdpa(q, k, v, int(data["start_pos"]), None, 0.0, bool(data["causal"]), scale)
+    buf = io.BytesIO()
+    np.save(buf, out.numpy())
+    write.write(struct.pack("<Q", buf.tell()) + buf.getvalue())
+    write.flush()
+"""
+
+
+@contextmanager
+def executorch_custom_sdpa():
+    """Within the block, programs loaded here run ExecuTorch's own llama::custom_sdpa (a
+    reference-venv subprocess answers each call) in place of ours: what is left between the
+    two runtimes is then everything but the attention."""
+    from execupy.kernels.registry import get_kernel, register_kernel
+
+    key = "llama::custom_sdpa.out"
+    ours = get_kernel(key)
+    server = subprocess.Popen([str(reference_python()), "-c", _SDPA_SERVER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def theirs(query, key_cache, value_cache, start_pos, attn_mask, drop_p, is_causal, scale, out):
+        if attn_mask is not None or drop_p != 0.0:
+            raise ValueError("the custom_sdpa service takes causal or full attention, no mask or dropout")
+        request = io.BytesIO()
+        window = start_pos + query.shape[1]  # the slots it reads: a prefix, the row strides unchanged
+        np.savez(request, q=query, k=key_cache[:, :window], v=value_cache[:, :window], start_pos=np.asarray(start_pos),
+                 causal=np.asarray(is_causal), **({} if scale is None else {"scale": np.asarray(scale)}))
+        server.stdin.write(struct.pack("<Q", request.tell()) + request.getvalue())
+        server.stdin.flush()
+        head = server.stdout.read(8)
+        if len(head) != 8:
+            raise ReferenceError("ExecuTorch's custom_sdpa service stopped")
+        result = np.load(io.BytesIO(server.stdout.read(struct.unpack("<Q", head)[0])))
+        if result.shape != out.shape:
+            return result  # another length: the runtime copies it into place
+        out[...] = result
+        return out
+
+    register_kernel(key, override=True)(theirs)
+    try:
+        yield
+    finally:
+        register_kernel(key, override=True)(ours)
+        server.stdin.close()
+        server.wait(timeout=60)
 
 
 TOKENIZER_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokens", "a b c d e f g 1 2 3"]

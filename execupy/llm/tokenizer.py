@@ -232,12 +232,12 @@ class HFTokenizer(Tokenizer):
         self.special_tokens = {t.content: i for i, t in added.items() if t.special}
         self._added = {i: t.content for i, t in added.items()}
         # As long as the largest id: ids may leave gaps, which get_vocab_size does not count.
-        n = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
-        self._pieces = [tok.id_to_token(i) for i in range(n)]
+        # Pieces are asked of `tok` when needed: a list of them all held 6.5 MiB (SmolLM2).
+        self._vocab_size = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
     def vocab_size(self) -> int:
-        return len(self._pieces)
+        return self._vocab_size
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write(path, self._tok.to_str(pretty=True))  # what Tokenizer.save(path) writes
@@ -254,7 +254,9 @@ class HFTokenizer(Tokenizer):
             if token_id in self._special_ids and not special:
                 return b""
             return self._added[token_id].encode()
-        piece = self._pieces[token_id]
+        if not 0 <= token_id < self._vocab_size:
+            raise TokenizerError(f"token id {token_id} is outside the vocabulary (0..{self._vocab_size - 1})")
+        piece = self._tok.id_to_token(token_id)
         if piece is None:
             return b""
         if self._byte_level:

@@ -60,6 +60,7 @@ import numpy as np
 from ..kernels.portable._util import norm_dim
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
 from ..schema import program as P
+from . import blas_threads
 from .chains import bind_chain, find_chains
 
 
@@ -329,11 +330,15 @@ class Alias:
         # Contiguous, as the copy kernel's planned output is: a strided operand can take another
         # BLAS or reduction path and round differently. A contiguous view costs no copy.
         view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
-        if static and self.constant and all(s for s, _ in params):
+        if static and all(s for s, _ in params):
             try:
-                return True, view(src, *(p for _, p in params))
+                made = view(src, *(p for _, p in params))
             except Exception:  # a malformed view: leave the error to the call, as the copy kernel would
-                pass
+                made = None
+            # Made once: of a constant, or a true view of a planned array (whose bytes it reads
+            # when the consumer runs); a copy of a planned array must be made at each read.
+            if made is not None and (self.constant or np.may_share_memory(made, src)):
+                return True, made
         # Otherwise made at each read: a reshape of a strided array is a copy, not a view.
         getters = [(lambda p=p: p) if s else p for s, p in params]
         get_src = (lambda: src) if static else src
@@ -510,6 +515,9 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
 
     ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
     store_h, store = method._store_fn(h), method._store_fn(out)
+    direct = _add_rms_norm_into(method, (a, b, eps, w), h, out)
+    if direct is not None:
+        return direct
 
     def add_rms_norm_step():
         total = np.add(ga(), gb())
@@ -518,6 +526,55 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
         store(normed)
 
     return add_rms_norm_step
+
+
+def _scratch(method, role: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 work array for in-place steps, one per role and shape in a method: steps run one
+    at a time and keep nothing in it between calls, so all steps of a kind share it (a prompt's
+    plan would otherwise hold one per layer)."""
+    key = ("scratch", role, shape)
+    if key not in method._load_cache:
+        method._load_cache[key] = np.empty(shape, np.float32)
+    return method._load_cache[key]
+
+
+def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
+    """add + RMSNorm written straight into h's and the norm's planned arrays, when every array is
+    fixed (a static plan, or a shape plan): the ufunc calls of kernels.fast.rms_norm, one by
+    one, each into scratch made at bind time, so no array is allocated and nothing is copied
+    after. None when something is read at run time or the arrays are not the plain case."""
+    parts = [method._arg(i) for i in inputs]
+    into = method._out_array(h), method._out_array(out)
+    if not all(static for static, _ in parts) or any(t is None for t in into):
+        return None
+    (xa, xb, eps, w), (total, normed) = (p for _, p in parts), into
+    arrays = (xa, xb, w, total, normed)
+    if not all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in arrays) or total.ndim == 0:
+        return None
+    if not xa.shape == xb.shape == total.shape == normed.shape or np.may_share_memory(total, normed):
+        return None
+    try:
+        if np.broadcast_shapes(w.shape, total.shape) != total.shape:
+            return None
+        eps = np.asarray(eps, np.float32)
+    except (ValueError, TypeError):
+        return None
+    square, running = _scratch(method, "square", total.shape), _scratch(method, "running", total.shape)
+    inv = _scratch(method, "inverse", total.shape[:-1] + (1,))
+    n, last = total.shape[-1], running[..., -1:]
+
+    def add_rms_norm_into():
+        np.add(xa, xb, out=total)
+        np.square(total, out=square)
+        np.cumsum(square, axis=-1, dtype=np.float32, out=running)  # added in order, as the portable mean
+        np.true_divide(last, n, out=inv, dtype=np.float32)
+        np.add(inv, eps, out=inv)
+        np.sqrt(inv, out=inv)
+        np.true_divide(1, inv, out=inv)
+        np.multiply(total, inv, out=normed)
+        np.multiply(normed, w, out=normed)
+
+    return add_rms_norm_into
 
 
 def _dims(g: Graph, i: int) -> Optional[tuple]:
@@ -645,11 +702,47 @@ def _rope_swapped_step(method, inputs, out: int):
 
     gx, gc, gs = (_get(method, i) for i in inputs)
     store = method._store_fn(out)
+    direct = _rope_swapped_into(method, inputs, out)
+    if direct is not None:
+        return direct
 
     def rope_swapped_step():
         store(rope_swapped(gx(), gc(), gs()))
 
     return rope_swapped_step
+
+
+def _rope_swapped_into(method, inputs, out: int):
+    """kernels.fast.rope_swapped's operations written into the planned output and scratch made
+    at bind time, when every array is fixed and the output shares memory with no input."""
+    parts = [method._arg(i) for i in inputs]
+    result = method._out_array(out)
+    if not all(static for static, _ in parts) or result is None:
+        return None
+    x, cos, sin = (p for _, p in parts)
+    arrays = (x, cos, sin, result)
+    if not all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in arrays) or x.ndim == 0:
+        return None
+    if x.shape != result.shape or x.shape[-1] % 2 or any(np.may_share_memory(t, result) for t in (x, cos, sin)):
+        return None
+    try:
+        if np.broadcast_shapes(x.shape, cos.shape, sin.shape) != x.shape:
+            return None
+    except ValueError:
+        return None
+    half = x.shape[-1] // 2
+    swapped = _scratch(method, "swapped", x.shape)
+    low, high = x[..., :half], x[..., half:]
+    to_low, to_high = swapped[..., :half], swapped[..., half:]
+
+    def rope_swapped_into():
+        np.copyto(to_low, high)
+        np.copyto(to_high, low)
+        np.multiply(x, cos, out=result)
+        np.multiply(swapped, sin, out=swapped)
+        np.add(result, swapped, out=result)
+
+    return rope_swapped_into
 
 
 def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
@@ -780,13 +873,17 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
     from ..kernels.fast.quantized import pack, qlinear
 
     values = method.values
-    packed = pack(values[q].reshape(n, k), values[scales], None, group,
-                  None if mins is None else values[mins])
-    method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
+    packed = method._load_cache.get(("packed", q))
+    if packed is None:  # packed once per method: a shape plan rebinds this step with the same weight
+        packed = method._load_cache[("packed", q)] = pack(values[q].reshape(n, k), values[scales], None, group,
+                                                          None if mins is None else values[mins])
+        method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
     get_rows, store = _get(method, rows), method._store_fn(out)
 
     def quantized_linear_step():
-        store(qlinear(get_rows().T, packed).T)  # mm(W, rows) = (rows.T @ W.T).T
+        x = get_rows()
+        blas_threads.for_rows(x.shape[-1])  # a prompt's rows are BLAS products (blas_threads.py)
+        store(qlinear(x.T, packed).T)  # mm(W, rows) = (rows.T @ W.T).T
 
     return quantized_linear_step
 

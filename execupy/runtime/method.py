@@ -8,10 +8,20 @@ change between calls (static tensors, constant scalars) are baked into the step;
 values written at run time (dynamic-shape tensors, symbolic ints, move targets) are
 read from the value table when the step runs. `execute` copies the inputs in, runs
 the steps and returns copies of the outputs.
+
+Shape plans: a method with dynamic shapes reads most of its arguments at run time, yet
+its shapes depend only on its input shapes (an LLM decodes one token per call). After a
+second call with the same input shapes, the steps that read run-time values are bound
+again with every dynamic tensor fixed at the shape it had (`ShapePlan`); later calls
+with those shapes run that plan: arguments, output buffers and views resolved once. A
+store that sees another shape (a shape that depends on data, not only on the inputs)
+places the result as usual and the rest of the call runs the general steps; that shape
+key is then never planned again. docs/fusion.md, "Shape plans", says the same for users.
 """
 from __future__ import annotations
 
 import mmap
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -27,8 +37,10 @@ from ..errors import (
     UnsupportedOperatorError,
 )
 from ..schema import program as P
+from ..kernels.portable import linalg as portable_linalg
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
+from . import blas_threads
 from .backends import BackendContext, backend_names, get_backend
 from .fusion import fusion_enabled, plan_fusion
 
@@ -42,6 +54,7 @@ class _Dynamic:
     storage: np.ndarray  # uint8, upper-bound bytes
     dtype: np.dtype
     upper: tuple[int, ...]
+    placed: Optional[np.ndarray] = None  # the view of `storage` last given to the value table
 
 
 def _view(buf: np.ndarray, dtype: np.dtype, sizes: Sequence[int], dim_order: Sequence[int]) -> np.ndarray:
@@ -51,6 +64,84 @@ def _view(buf: np.ndarray, dtype: np.dtype, sizes: Sequence[int], dim_order: Seq
     if list(dim_order) == list(range(len(dim_order))):
         return arr
     return arr.transpose(np.argsort(dim_order))
+
+
+@dataclass
+class ShapePlan:
+    """The steps of one method bound for one tuple of input shapes (see the module's docstring)."""
+
+    frozen: dict[int, Any]  # value id -> the array (or shape-derived int) every rebound step reads
+    steps: list[Step]
+
+
+MAX_SHAPE_PLANS = 8  # per method: decode plus a few prefill lengths
+# Symbolic ints that follow from shapes only: frozen in a shape plan (an int read from a
+# tensor's data, such as `_local_scalar_dense`, stays read at run time).
+_SHAPE_INT_OPS = frozenset({"aten::sym_size.int", "aten::sym_numel"})
+
+
+def _narrow(a, b) -> int:
+    """The smaller outer size of a @ b (batch included): a mat-vec has 1 whichever side the vector is."""
+    batch = a.size // (a.shape[-2] * a.shape[-1]) if a.shape[-2] and a.shape[-1] else 1
+    return batch * min(a.shape[-2], b.shape[-1])
+
+
+# BLAS products -> the size that says how much a second thread can help (blas_threads.py)
+_BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
+    "aten::mm.out": lambda a, b, *_: _narrow(a, b),
+    "aten::bmm.out": lambda a, b, *_: _narrow(a, b),
+    "aten::addmm.out": lambda bias, a, b, *_: _narrow(a, b),
+    "aten::baddbmm.out": lambda bias, a, b, *_: _narrow(a, b),
+    "aten::linear.out": lambda x, *_: x.size // x.shape[-1] if x.shape[-1] else 1,
+}
+
+
+def _threads_by_rows(fn: Callable, rows: Callable[..., int]) -> Callable:
+    """`fn` run with the BLAS threads its rows call for (one for a mat-vec: blas_threads.py)."""
+    def product(*args):
+        try:
+            n = rows(*args)
+        except (AttributeError, IndexError, TypeError):  # not matrices: the kernel says what is wrong
+            n = None
+        if n is not None:
+            blas_threads.for_rows(n)
+        return fn(*args)
+
+    return product
+
+
+def _direct_mm(a, b, out) -> Optional[Step]:
+    """mm as the portable kernel runs it (np.matmul into the planned buffer) when the operands
+    are what it passes to np.matmul unchanged, which a step with fixed arguments knows at bind
+    time: its checks and dtype promotion are not repeated on every call."""
+    arrays = (a, b, out)
+    if not all(isinstance(t, np.ndarray) for t in arrays) or a.ndim != 2 or b.ndim != 2:
+        return None
+    if out.dtype not in (np.float32, np.float64) or any(t.dtype != out.dtype for t in arrays):
+        return None
+    if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
+        return None
+    rows, matmul, threads = _narrow(a, b), np.matmul, blas_threads.for_rows
+
+    def mm_step():
+        threads(rows)
+        matmul(a, b, out=out)
+
+    return mm_step
+
+
+# portable kernel -> a binder of the same computation for fixed arguments (None: not these)
+_DIRECT: dict[Callable, Callable[..., Optional[Step]]] = {portable_linalg.mm: _direct_mm}
+
+
+def _direct_step(kernel: Callable, args: tuple, out: Any) -> Optional[Step]:
+    binder = _DIRECT.get(kernel)
+    return None if binder is None or len(args) != 3 or args[2] is not out else binder(*args)
+
+
+def shape_plans_enabled() -> bool:
+    """Shape plans are on unless EXECUPY_SHAPE_PLANS is set to 0/false/off."""
+    return os.environ.get("EXECUPY_SHAPE_PLANS", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def _expected_shape(shape: tuple[int, ...], t: P.Tensor) -> Optional[str]:
@@ -123,10 +214,24 @@ class Method:
         self._has_jumps = any(isinstance(ins, P.JumpFalseCall) for ins in instructions)
         self._op_names: list[str] = []
         self._fusion = self._plan_fusion(fusion_enabled() if fuse is None else fuse)
+        self._frozen: Optional[dict[int, Any]] = None  # set while a shape plan is being bound
+        self._reads_slots = False  # whether the step being bound reads or writes a run-time value
+        self._delegate_handles: dict[int, Any] = {}  # pc -> the backend's handle, initialised once
+        self._load_cache: dict[Any, Any] = {}  # work a rebinding reuses (packed weights), by key
+        self._step_pcs: list[int] = []
+        self._step_reads_slots: list[bool] = []
         self._steps: list[Step] = self._bind_all(instructions)
         self._input_setters = [self._input_setter(k, i) for k, i in enumerate(plan.inputs)]
         for i in plan.outputs:
             self._check_index(i, "output")
+        self._tensor_inputs = [i for i in plan.inputs if isinstance(plan.values[i], P.Tensor)]
+        self._shape_ints = self._shape_derived_ints()
+        # key (input shapes) -> plan, or None for a key whose shapes turned out to depend on data
+        self._shape_plans: Optional[dict[tuple, Optional[ShapePlan]]] = (
+            {} if self._can_plan_shapes() else None)
+        self._calls_by_key: dict[tuple, int] = {}
+        self._installed: Optional[ShapePlan] = None  # the plan whose arrays the value table holds
+        self._diverged = False  # a shape plan's store saw a shape other than the plan's
         self.steps_last_call = 0  # bound steps the last execute ran (see steps_per_call)
         self.load_s = time.perf_counter() - started  # binding this method, for benchmarks
 
@@ -143,6 +248,11 @@ class Method:
         load-time fusion merged some), or, for a method with jumps (never fused), the count of
         its last call."""
         return self.steps_last_call if self._has_jumps else len(self._steps)
+
+    @property
+    def planned_shapes(self) -> list[tuple]:
+        """The input shapes (one tuple per tensor input) that calls run with a shape plan."""
+        return [key for key, plan in (self._shape_plans or {}).items() if plan is not None]
 
     # ------------------------------------------------------------------ loading
 
@@ -241,7 +351,7 @@ class Method:
                 buf[:] = np.frombuffer(self.program.mutable_initial_bytes(t, nbytes), np.uint8)
             view = _view(buf, dtype, sizes, dim_order)
             if t.shape_dynamism != 0:
-                self._dynamic[i] = _Dynamic(buf, dtype, tuple(sizes))
+                self._dynamic[i] = _Dynamic(buf, dtype, tuple(sizes), view)
             return view
 
         if t.data_buffer_idx > 0:  # constant: a read-only view into the file
@@ -267,18 +377,35 @@ class Method:
             return None
 
     def _bind_all(self, instructions: Sequence[P.Instruction]) -> list[Step]:
-        """One step per instruction, or, with a fusion plan (runtime/fusion.py), one per fused group."""
+        """One step per instruction, or, with a fusion plan (runtime/fusion.py), one per fused group.
+        Records, per step, its pc and whether it reads run-time values (a shape plan rebinds those)."""
         fusion = self._fusion
-        if fusion is None:
-            return [self._bind(pc, ins) for pc, ins in enumerate(instructions)]
         steps = []
         for pc, ins in enumerate(instructions):
-            if pc in fusion.fused:
-                steps.append(fusion.step_at(self, pc))
-                self._op_names.append("fused:" + fusion.fused[pc].name)
-            elif pc not in fusion.removed:
-                steps.append(self._bind(pc, ins))
+            if fusion is not None and pc in fusion.removed:
+                continue
+            self._reads_slots = False
+            steps.append(self._bind_step(pc, ins))
+            self._op_names.append(self._step_name(pc, ins))
+            self._step_pcs.append(pc)
+            self._step_reads_slots.append(self._reads_slots)
         return steps
+
+    def _bind_step(self, pc: int, ins: P.Instruction) -> Step:
+        fusion = self._fusion
+        if fusion is not None and pc in fusion.fused:
+            return fusion.step_at(self, pc)
+        return self._bind(pc, ins)
+
+    def _step_name(self, pc: int, ins: P.Instruction) -> str:
+        """The step's name in errors and profiles (the instruction was checked when it was bound)."""
+        if self._fusion is not None and pc in self._fusion.fused:
+            return "fused:" + self._fusion.fused[pc].name
+        if isinstance(ins, P.KernelCall):
+            return self.plan.operators[ins.op_index].key
+        if isinstance(ins, P.DelegateCall):
+            return f"delegate:{self.plan.delegates[ins.delegate_index].id}"
+        return type(ins).__name__
 
     def _arg(self, i: int) -> tuple[bool, Any]:
         """(is_static, value_or_getter) for argument value i."""
@@ -300,6 +427,9 @@ class Method:
             parts = [(True, None) if j == -1 else self._arg(self._check_list_item(j, i, P.Tensor)) for j in v.items]
             return self._list_arg(parts, list)
         if i in self._slots:
+            if self._frozen is not None and i in self._frozen:
+                return True, self._frozen[i]
+            self._reads_slots = True
             return False, lambda: values[i]
         return True, values[i]
 
@@ -333,6 +463,10 @@ class Method:
                     s(r)
 
             return store_list
+        if ret in self._slots:
+            self._reads_slots = True
+            if self._frozen is not None and ret in self._frozen:
+                return self._frozen_store(ret, v)
         if not isinstance(v, P.Tensor):
             def store_scalar(r):
                 values[ret] = r
@@ -360,20 +494,73 @@ class Method:
 
         return store_static
 
+    def _out_array(self, ret: int) -> Optional[np.ndarray]:
+        """The array a step may write value `ret` into directly, when it is fixed: a planned
+        static tensor, or a dynamic one a shape plan fixed. None: use `_store_fn`."""
+        frozen = self._frozen or {}
+        if ret in frozen:
+            out = frozen[ret]
+        elif ret in self._slots or not isinstance(self._plan_values[ret], P.Tensor):
+            return None
+        else:
+            out = self.values[ret]
+        return out if isinstance(out, np.ndarray) else None
+
+    def _frozen_store(self, ret: int, v: P.EValue) -> Callable[[Any], None]:
+        """The store of a shape plan: into the array the plan fixed for `ret`. Another shape (or
+        another value of a shape-derived int) is placed as the general step would and marks the
+        call diverged, so that the rest of it runs the general steps."""
+        expected = self._frozen[ret]
+        values = self.values
+        if not isinstance(v, P.Tensor):
+            def store_frozen_scalar(r):
+                if r != expected or type(r) is not type(expected):
+                    values[ret] = r
+                    self._diverged = True
+            return store_frozen_scalar
+        place = self._store_dynamic_fn(ret, v)
+
+        def store_frozen(r):
+            if r is expected:
+                return
+            if np.shape(r) == expected.shape:
+                np.copyto(expected, r, casting="unsafe")
+            else:
+                place(r)
+                self._diverged = True
+
+        return store_frozen
+
+    def _store_dynamic_fn(self, ret: int, v: P.Tensor) -> Callable[[Any], None]:
+        """The general store of a run-time tensor (dynamic or unplanned)."""
+        if ret in self._dynamic:
+            return lambda r: self._place_dynamic(ret, r)
+        frozen, self._frozen = self._frozen, None
+        try:
+            return self._store_fn(ret)
+        finally:
+            self._frozen = frozen
+
     def _place_dynamic(self, i: int, r) -> None:
-        """Resize dynamic tensor i to r's shape inside its planned bytes and copy r in."""
+        """Resize dynamic tensor i to r's shape inside its planned bytes and copy r in. The array
+        already there is kept when it has that shape, so a call like the last one writes into the
+        same arrays (and a shape plan's arrays stay those the value table holds)."""
         d = self._dynamic[i]
         r = np.asarray(r)
-        if r is self.values[i]:
+        current = self.values[i]
+        if r is current:
             return
         shape = r.shape
+        if current is d.placed and current.shape == shape and current.flags.c_contiguous:
+            np.copyto(current, r, casting="unsafe")  # not after a move made the value another's array
+            return
         if len(shape) != len(d.upper) or any(s > u for s, u in zip(shape, d.upper)):
             raise KernelError(
                 f"value {i}: result shape {shape} exceeds the planned upper bound {d.upper}"
             )
         view = d.storage[: _numel(shape) * d.dtype.itemsize].view(d.dtype).reshape(shape)
         np.copyto(view, r, casting="unsafe")
-        self.values[i] = view
+        self.values[i] = d.placed = view
 
     def _bind(self, pc: int, ins: P.Instruction) -> Step:
         if isinstance(ins, P.KernelCall):
@@ -383,7 +570,6 @@ class Method:
         values = self.values
         if isinstance(ins, P.MoveCall):
             src, dst = self._check_index(ins.move_from, "move"), self._check_index(ins.move_to, "move")
-            self._op_names.append("MoveCall")
 
             def move():
                 values[dst] = values[src]
@@ -395,7 +581,6 @@ class Method:
             n = len(self.plan.instructions)
             if not 0 <= dest <= n:
                 raise MalformedProgramError(f"method {self.name!r}: jump at {pc} to {dest}, outside 0..{n}")
-            self._op_names.append("JumpFalseCall")
             static, get = self._arg(cond)
 
             def jump_false():
@@ -409,7 +594,6 @@ class Method:
             return jump_false
         if isinstance(ins, P.FreeCall):
             self._check_index(ins.value_index, "free")
-            self._op_names.append("FreeCall")
             return lambda: None
         raise MalformedProgramError(f"method {self.name!r}: unknown instruction at {pc}")
 
@@ -419,13 +603,14 @@ class Method:
             raise MalformedProgramError(f"method {self.name!r}: instruction {pc} uses operator {ins.op_index}, "
                                         f"but the plan lists {len(ops)}")
         key = ops[ins.op_index].key
-        self._op_names.append(key)
-        fn = get_kernel(key)
+        fn = kernel = get_kernel(key)
         if fn is None:
             raise UnsupportedOperatorError(
                 f"operator {key} (method {self.name!r}, instruction {pc}) {missing_kernel_reason(key)}")
         if not ins.args:
             raise MalformedProgramError(f"method {self.name!r}: instruction {pc} ({key}) has no arguments")
+        if key in _BLAS_PRODUCTS and blas_threads.default_threads() is not None:
+            fn = _threads_by_rows(fn, _BLAS_PRODUCTS[key])
         if key == "executorch_prim::et_copy_index.tensor":
             # map loops: the emitter writes no return slot; all three args are inputs and the
             # grown stacked output (DYNAMIC_BOUND) replaces argument 0.
@@ -437,8 +622,13 @@ class Method:
         if all(static for static, _ in parts):
             args = tuple(p for _, p in parts)
             ret = ins.args[-1]
-            out = self.values[ret]
-            if isinstance(self._plan_values[ret], P.Tensor) and ret not in self._slots:
+            frozen = self._frozen or {}
+            out = frozen.get(ret, self.values[ret])
+            if isinstance(self._plan_values[ret], P.Tensor) and (ret not in self._slots or ret in frozen):
+                direct = _direct_step(kernel, args, out)
+                if direct is not None:
+                    return direct
+
                 def call_static_out():  # the common case: write into a planned buffer
                     r = fn(*args)
                     if r is not out:
@@ -450,6 +640,16 @@ class Method:
 
             return call_static
         resolved = [(static, p) for static, p in parts]
+        getters = [(k, p) for k, (static, p) in enumerate(parts) if not static]
+        if len(getters) == 1:  # one value read at run time (a position, say): fill in its slot only
+            args = [p for _, p in parts]
+            (k, get), = getters
+
+            def call_one_dynamic():
+                args[k] = get()
+                store(fn(*args))
+
+            return call_one_dynamic
 
         def call_dynamic():
             store(fn(*[p if static else p() for static, p in resolved]))
@@ -461,15 +661,10 @@ class Method:
         if not 0 <= ins.delegate_index < len(delegates):
             raise MalformedProgramError(f"method {self.name!r}: delegate index {ins.delegate_index} out of range")
         d = delegates[ins.delegate_index]
-        self._op_names.append(f"delegate:{d.id}")
         backend = get_backend(d.id)
-        payload = self.program.delegate_payload(d.processed)
-        try:
-            handle = backend.init(payload, d.compile_specs, BackendContext(self.program.named_data, self.event_tracer))
-        except ExecupyError:
-            raise
-        except Exception as e:
-            raise MalformedProgramError(f"backend {d.id!r} rejected its payload: {type(e).__name__}: {e}") from e
+        if pc not in self._delegate_handles:  # a shape plan rebinds the call with the handle made at load
+            self._delegate_handles[pc] = self._init_delegate(backend, d)
+        handle = self._delegate_handles[pc]
         parts = [self._arg(a) for a in ins.args]
         stores = [self._store_fn(a) if isinstance(self._plan_values[a], P.Tensor) else None for a in ins.args]
 
@@ -481,6 +676,15 @@ class Method:
                     s(r)
 
         return call_delegate
+
+    def _init_delegate(self, backend, d: P.BackendDelegate) -> Any:
+        payload = self.program.delegate_payload(d.processed)
+        try:
+            return backend.init(payload, d.compile_specs, BackendContext(self.program.named_data, self.event_tracer))
+        except ExecupyError:
+            raise
+        except Exception as e:
+            raise MalformedProgramError(f"backend {d.id!r} rejected its payload: {type(e).__name__}: {e}") from e
 
     # ------------------------------------------------------------------ inputs
 
@@ -527,6 +731,80 @@ class Method:
 
         return set_static
 
+    # ------------------------------------------------------------------ shape plans
+
+    def _can_plan_shapes(self) -> bool:
+        """Shape plans need a straight run of kernels: no jumps or moves (a move makes two
+        values one array), no tracer (which names each step as bound at load), and at least one
+        step that reads run-time values."""
+        if not shape_plans_enabled() or self.event_tracer is not None or self._has_jumps:
+            return False
+        if any(isinstance(ins, P.MoveCall) for ins in self.plan.instructions):
+            return False
+        return any(self._step_reads_slots)
+
+    def _shape_derived_ints(self) -> set[int]:
+        """Symbolic ints written from shapes alone: sym_size and the arithmetic of such ints."""
+        plan, derived = self.plan, set()
+        for ins in plan.instructions:
+            if not isinstance(ins, P.KernelCall) or not ins.args or ins.args[-1] not in self._slots:
+                continue
+            if isinstance(plan.values[ins.args[-1]], (P.Tensor, P.TensorList)):
+                continue
+            key = plan.operators[ins.op_index].key
+            reads = [a for a in ins.args[:-1] if a in self._slots]
+            if key in _SHAPE_INT_OPS or (key.startswith("executorch_prim::") and all(a in derived for a in reads)):
+                derived.add(ins.args[-1])
+        return derived
+
+    def _shape_key(self) -> tuple:
+        values = self.values
+        return tuple(values[i].shape for i in self._tensor_inputs)
+
+    def _plan_shapes(self, key: tuple) -> None:
+        """After a general call with input shapes `key`: on the second such call, bind a shape plan."""
+        plans = self._shape_plans
+        if key in plans:
+            return
+        calls = self._calls_by_key
+        calls[key] = calls.get(key, 0) + 1
+        if calls[key] < 2:
+            if len(calls) > 4 * MAX_SHAPE_PLANS:  # many shapes seen once each: forget them
+                calls.clear()
+            return
+        if sum(p is not None for p in plans.values()) >= MAX_SHAPE_PLANS:
+            oldest = next(k for k, p in plans.items() if p is not None)
+            del plans[oldest]
+        values = self.values
+        frozen = {i: values[i] for i in self._dynamic}
+        frozen.update((i, values[i]) for i in self._shape_ints)
+        self._frozen = frozen
+        try:
+            steps = [self._bind_step(pc, self.plan.instructions[pc]) if reads else step
+                     for step, pc, reads in zip(self._steps, self._step_pcs, self._step_reads_slots)]
+        except Exception:  # cannot be bound with fixed shapes: keep running the general steps
+            plans[key] = None
+            return
+        finally:
+            self._frozen = None
+        plans[key] = self._installed = ShapePlan(frozen, steps)
+
+    def _install(self, plan: ShapePlan) -> None:
+        """Put the plan's arrays in the value table (the general steps read them there)."""
+        if self._installed is not plan:
+            values, dynamic = self.values, self._dynamic
+            for i, v in plan.frozen.items():
+                values[i] = v
+                if i in dynamic:
+                    dynamic[i].placed = v
+            self._installed = plan
+        self._diverged = False
+
+    def _abandon(self, key: tuple) -> None:
+        """A store saw a shape other than the plan's: the shapes depend on data; plan no more."""
+        self._shape_plans[key] = None
+        self._installed = None
+
     # ------------------------------------------------------------------ execution
 
     @property
@@ -542,12 +820,28 @@ class Method:
         for setter, x in zip(self._input_setters, inputs):
             setter(x)
         pc = 0
+        plans = self._shape_plans
+        key = plan = None
+        if plans is not None:
+            key = self._shape_key()
+            plan = plans.get(key)
         try:
             # Kernels follow IEEE semantics (inf/NaN results), as ATen does: no warnings.
             with np.errstate(all="ignore"):
-                if self._has_jumps:
+                if plan is not None:
+                    self._install(plan)
+                    for pc, step in enumerate(plan.steps):
+                        step()
+                        if self._diverged:
+                            break
+                    if self._diverged:  # the rest of the call runs the general steps
+                        self._abandon(key)
+                        for pc in range(pc + 1, len(self._steps)):
+                            self._steps[pc]()
+                elif self._has_jumps:
                     self.steps_last_call = self._run_with_jumps()
                 else:
+                    self._installed = None
                     for pc, step in enumerate(self._steps):
                         step()
         except ExecupyError as e:
@@ -558,6 +852,10 @@ class Method:
             raise KernelError(
                 f"method {self.name!r}, instruction {pc} ({self._op_names[pc]}) failed: {type(e).__name__}: {e}"
             ) from e
+        finally:
+            blas_threads.restore()
+        if plans is not None and plan is None:
+            self._plan_shapes(key)
         return [self._output(i) for i in self.plan.outputs]
 
     def _run_with_jumps(self) -> int:

@@ -88,3 +88,34 @@ def test_custom_sdpa_refuses_bad_windows_and_masks():
     with pytest.raises(ValueError, match="does not fit caches"):
         custom_sdpa(np.zeros((1, 3, 3, 4), np.float32), k_cache, v_cache, 0, None, 0.0, True, None,
                     np.empty((1, 3, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize("start_pos,seqlen", [(600, 1), (500, 20), (0, 530)], ids=["decode", "prefill-across", "prefill-long"])
+def test_custom_sdpa_over_more_than_one_key_block(start_pos, seqlen):
+    """Windows past 512 slots are walked block by block (a running max and sum per row, as
+    ExecuTorch's kernel does); the result is still the attention over the whole window."""
+    k_cache, v_cache = _caches(640, 2, 16)
+    query = rng.standard_normal((1, seqlen, 4, 16)).astype(np.float32)
+    got = custom_sdpa(query, k_cache, v_cache, start_pos, None, 0.0, True, None, np.empty_like(query))
+    t = [torch.from_numpy(a) for a in (query, k_cache, v_cache)]
+    expected = custom_ops.custom_sdpa(*t, start_pos, None, 0.0, True)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_expf_is_the_c_librarys_and_the_numpy_fallback_within_one_ulp():
+    """custom_sdpa's exp: with numba, the C library's expf bit for bit (what ExecuTorch's kernel
+    calls); without, float64 exp rounded once, at most one unit in the last place away."""
+    import ctypes
+    import ctypes.util
+
+    from execupy.kernels.fast import sdpa
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    x = np.concatenate([-rng.uniform(0, 90, 20_000), [0.0, -0.0, -np.inf, -87.33655, -103.97, 1e-8]]).astype(np.float32)
+    c_library = np.array([libm.expf(float(v)) for v in x], np.float32)
+    if sdpa.expf_numba is not None:
+        np.testing.assert_array_equal(sdpa.expf_numba(x), c_library)
+    fallback = sdpa.expf_numpy(x)
+    ulps = np.abs(fallback.view(np.int32).astype(np.int64) - c_library.view(np.int32))
+    assert ulps.max() <= 1 and np.count_nonzero(ulps) < x.size // 100

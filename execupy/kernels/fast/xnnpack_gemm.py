@@ -140,13 +140,16 @@ def _compile() -> Optional[dict[str, Callable]]:
     @numba.njit(cache=True)
     def _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t):
         # Output channels of tile t, every row. Each block's sum runs across the tile's
-        # channels (vectorizable; float32 is exact here, see gemm_blockwise_numpy), then joins
-        # v with one fma. Rows are sliced to the tile first: indexing with c0 + j would make
-        # numba check for negative indices, which stops LLVM from vectorizing (10x slower).
+        # channels (vectorizable), then joins v with one fma. Rows are sliced to the tile
+        # first: indexing with c0 + j would make numba check for negative indices, which stops
+        # LLVM from vectorizing (10x slower). A block's sum is an integer: a (q + 128, int16)
+        # times the 4-bit weights, two inputs at a time in int16 (2 * 255 * 8 fits), added up
+        # in int32; exact, so equal to the numpy reference's float32 sums (below 2**24), and
+        # 15-35% faster than summing in float32. Blocks are a multiple of 16 inputs.
         m, k = a.shape
         c0 = t * TILE
         tile = tiles[t]
-        acc = np.empty(TILE, np.float32)
+        acc = np.empty(TILE, np.int32)
         v = np.empty(TILE, np.float32)
         ks, bs = ksum[c0:c0 + TILE], bias[c0:c0 + TILE]
         for r in range(m):
@@ -154,13 +157,13 @@ def _compile() -> Optional[dict[str, Callable]]:
                 v[j] = ks[j] * zp[r]
             for b in range(k // block):
                 acc[:] = 0
-                for i in range(b * block, (b + 1) * block):
-                    ai, row = a[r, i], tile[i]
+                for i in range(b * block, (b + 1) * block, 2):
+                    a0, a1, row0, row1 = a[r, i], a[r, i + 1], tile[i], tile[i + 1]
                     for j in range(TILE):
-                        acc[j] += ai * np.float32(row[j])
+                        acc[j] += np.int32(a0 * np.int16(row0[j]) + a1 * np.int16(row1[j]))
                 sb = scales[b, c0:c0 + TILE]
                 for j in range(TILE):
-                    v[j] = np.float32(np.float64(v[j]) + np.float64(acc[j]) * np.float64(sb[j]))
+                    v[j] = np.float32(np.float64(v[j]) + np.float64(np.float32(acc[j])) * np.float64(sb[j]))
             o = out[r, c0:c0 + TILE]
             for j in range(TILE):
                 o[j] = np.float32(v[j] * x_scale[r]) + bs[j]
@@ -220,7 +223,7 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
         m, (n_tiles, k, _) = q.shape[0], w.tiles.shape
-        a = q.astype(F32) + F32(UNSIGNED_OFFSET)
+        a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
         out = np.empty((m, n_tiles * TILE), F32)
         padded_bias = np.zeros(n_tiles * TILE, F32)
         if bias is not None:

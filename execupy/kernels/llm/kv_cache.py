@@ -17,6 +17,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..fast.sdpa import expf
 from ..portable._util import as_compute, compute_dtype
 from ..registry import register_kernel
 
@@ -37,6 +38,56 @@ def update_cache(value: np.ndarray, cache: np.ndarray, start_pos: int, out: np.n
     return out
 
 
+# ExecuTorch's kernel walks the keys in blocks of this many slots (for every query length it
+# sees), carrying each row's running max and sum from block to block.
+KV_BLOCK = 512
+_LANES = 16  # its exp-and-sum step adds 16 running lane sums, then the lanes in order, then the rest
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    return expf(x) if x.dtype == np.float32 else np.exp(x)
+
+
+def _lane_sum(e: np.ndarray) -> np.ndarray:
+    """Row sums [..., 1] of e [..., L] in ExecuTorch's order: 16 lanes each summed over the
+    16-wide chunks in turn, then the lanes one by one, then the last L % 16 one by one."""
+    whole = e.shape[-1] - e.shape[-1] % _LANES
+    chunks = e[..., :whole].reshape(*e.shape[:-1], -1, _LANES)
+    lanes = np.cumsum(chunks, axis=-2)[..., -1, :] if whole else np.zeros((*e.shape[:-1], _LANES), e.dtype)
+    return np.cumsum(np.concatenate([lanes, e[..., whole:]], axis=-1), axis=-1)[..., -1:]
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
+            positions: Optional[np.ndarray]) -> np.ndarray:
+    """softmax(q k^T * scale) v for q [G, R, D] against k, v [G, L, D], row r masked past
+    positions[r] when causal, with ExecuTorch's softmax arithmetic: block by block, the
+    scores scaled then maxed, exp(score - max) summed in lanes, the running sum and output
+    rescaled by exp(old max - new max), and the output finally multiplied by 1 / sum. The
+    two products are numpy's matmul (ExecuTorch's go through MKL's sgemm, whose order of
+    summation is its own: docs/xnnpack-export.md)."""
+    rows = q.shape[:2]
+    row_max = np.full((*rows, 1), -np.inf, q.dtype)
+    row_sum = np.zeros((*rows, 1), q.dtype)
+    acc = np.zeros(q.shape, q.dtype)
+    for n in range(0, k.shape[1], KV_BLOCK):
+        scores = np.matmul(q, k[:, n : n + KV_BLOCK].transpose(0, 2, 1))
+        scores *= scale
+        if positions is not None:
+            future = n + np.arange(scores.shape[-1])[None, :] > positions[:, None]  # [R, block]
+            scores[:, future] = -np.inf
+        # Every row sees key 0, so from the first block on its max is finite: masked scores
+        # weigh exp(-inf) = 0, and the first block's rescale is exp(-inf - max) = 0.
+        new_max = np.maximum(row_max, scores.max(axis=-1, keepdims=True))
+        weights = _exp(scores - new_max)
+        rescale = _exp(row_max - new_max)
+        row_sum = _lane_sum(weights) + rescale * row_sum
+        if n:
+            acc *= rescale
+        acc += np.matmul(weights, v[:, n : n + KV_BLOCK])
+        row_max = new_max
+    return acc * (1 / row_sum)
+
+
 @register_kernel("llama::custom_sdpa.out")
 def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos: int,
                 attn_mask: Optional[np.ndarray], drop_p: float, is_causal: bool, scale: Optional[float],
@@ -54,20 +105,13 @@ def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos
     # fp16/bf16 caches: numpy has no fast half matmul, so the filled window is read in float32
     # (a copy of start_pos + T slots, not of the cache) and the result rounded back on writing.
     dtype = compute_dtype(query.dtype)
+    # Query row r of a KV head's group is position start_pos + r % T (head h = kv * rep + r // T).
+    positions = start_pos + np.arange(rep * seqlen) % seqlen if is_causal else None
     for b in range(bsz):
         # Rows of one KV head's group: [Hkv, rep * T, D] (query head h = kv * rep + r).
         q = query[b].reshape(seqlen, n_kv, rep, head_dim).transpose(1, 2, 0, 3).reshape(n_kv, rep * seqlen, head_dim)
-        q = as_compute(q, dtype)
         k = as_compute(key[b, :kv_len], dtype).transpose(1, 0, 2)  # [Hkv, L, D], a strided view (fp32: a view)
         v = as_compute(value[b, :kv_len], dtype).transpose(1, 0, 2)
-        scores = np.matmul(q, k.transpose(0, 2, 1))  # [Hkv, rep * T, L]
-        scores *= scale
-        if is_causal and seqlen > 1:
-            future = np.arange(kv_len)[None, :] > (start_pos + np.arange(seqlen))[:, None]  # [T, L]
-            scores.reshape(n_kv, rep, seqlen, kv_len)[:, :, future] = -np.inf
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        o = np.matmul(scores, v)  # [Hkv, rep * T, D]
+        o = _attend(as_compute(q, dtype), k, v, np.asarray(scale, dtype), positions)  # [Hkv, rep * T, D]
         result[b] = o.reshape(n_kv, rep, seqlen, head_dim).transpose(2, 0, 1, 3).reshape(seqlen, n_heads, head_dim)
     return result  # out itself, or (another length) a new array the runtime copies into place
