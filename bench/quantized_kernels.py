@@ -5,11 +5,11 @@
 
 For each linear shape of the model (q/o 576x576, k/v 192x576, gate/up 1536x576, down
 576x1536, head 49152x576, [N, K]) and each weight form `export-llm` writes from the GGUF
-(int8 groups of 32: Q8_0 and `--quantize int8`-like; int4 nibbles in groups of 32 with a
+(int8 groups of 32: Q8_0 and `--quantize int8`-like; 4-bit words in groups of 32 with a
 minimum: Q4_1 as `int4`/`gguf` keep it), it times `qlinear` (numba) on x [M, K]:
 
-* M = 1 (decode), on one thread and on two (`--threads`): GB/s = bytes the kernel must read (packed integers + scales + offsets)
-  / seconds. The weight is cycled over as many distinct copies as fill 96 MiB (what a
+* M = 1 (decode), on one thread and on two (`--threads`): GB/s = bytes the kernel must read
+  (packed integers + scales + offsets) / seconds. The weight is cycled over as many distinct copies as fill 96 MiB (what a
   decode step reads, three times the L3 cache), so it comes from memory as in a real
   decode step, not from cache. The ceilings beside it: numpy copying a 256 MiB array
   (read + write counted) and summing one (read only), what one core moves.
