@@ -11,9 +11,9 @@ minimum: Q4_1 as `int4`/`gguf` keep it), it times `qlinear` (numba) on x [M, K]:
 * M = 1 (decode), on one thread and on two (`--threads`): GB/s = bytes the kernel must read
   (packed integers + scales + offsets) / seconds. The weight is cycled over as many distinct
   copies as fill 96 MiB (what a decode step reads, three times the L3 cache), so it comes
-  from memory as in a real
-  decode step, not from cache. The ceilings beside it: numpy copying a 256 MiB array
-  (read + write counted) and summing one (read only), what one core moves.
+  from memory as in a real decode step, not from cache. The ceilings beside it: numpy
+  copying a 256 MiB array (read + write counted) and summing one (read only), what one
+  core moves.
 * M > 1 (prefill): tokens/s of that one shape, and the fp32 BLAS product on the
   dequantized weight for comparison (the float32 weight already made: a lower bound on
   what a dequantize-then-BLAS design can reach).
