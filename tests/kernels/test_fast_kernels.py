@@ -28,65 +28,91 @@ def dequantized(q, scales, zeros, lo, hi, group):
     return dequantize_per_channel_group(q, scales, zeros, lo, hi, 1, group, 6, out)
 
 
+def packed_grouped(rng, n: int, k: int, group: int, bits: int, with_zeros: bool):
+    """(packed weight, its dequantization by the registered kernel)."""
+    q, s, z, lo, hi = grouped_weight(rng, n, k, group, bits, with_zeros)
+    return Q.pack(q, s, z, group), dequantized(q, s, z, lo, hi, group)
+
+
 @pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
 @pytest.mark.parametrize("m", [1, 5])
-def test_numpy_qmatmul_is_x_times_the_dequantized_weight(bits, with_zeros, m):
+def test_numpy_qlinear_is_x_times_the_dequantized_weight(bits, with_zeros, m):
     rng = np.random.default_rng(bits * 10 + m)
-    q, s, z, lo, hi = grouped_weight(rng, 48, 96, 32, bits, with_zeros)
+    packed, w = packed_grouped(rng, 48, 96, 32, bits, with_zeros)
     x = rng.standard_normal((m, 96)).astype(np.float32)
-    expected = x @ dequantized(q, s, z, lo, hi, 32).T
-    np.testing.assert_allclose(Q.qmatmul_numpy(x, q, s, z, 32), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Q.qlinear_numpy(x, packed), x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-@needs_numba
-@pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
-@pytest.mark.parametrize("m", [1, 3, Q.BLAS_MIN_ROWS, 7])  # the mat-vec path, then dequantize + BLAS
-def test_numba_qmatmul_equals_numpy_within_float32_rounding(bits, with_zeros, m):
-    rng = np.random.default_rng(bits + m)
-    q, s, z, _, _ = grouped_weight(rng, 130, 256, 64, bits, with_zeros)
-    x = rng.standard_normal((m, 256)).astype(np.float32)
-    expected = Q.NUMPY["qmatmul"](x, q, s, z, 64)
-    got = Q.NUMBA["qmatmul"](x, q, s, z, 64)
+def assert_within_float32_rounding(got, expected):
     assert got.shape == expected.shape and got.dtype == np.float32
     scale = np.abs(expected).max(axis=1, keepdims=True)
     assert np.all(np.abs(got - expected) <= 1e-5 * scale + 1e-6)
 
 
-def test_numpy_per_token_quantization_round_trips_within_half_a_step():
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((4, 64)).astype(np.float32) * np.array([[1], [10], [1e-3], [0]], np.float32)
-    q, scale, zero = Q.quantize_per_token_numpy(x)
-    assert q.dtype == np.int8 and scale.shape == zero.shape == (4,)
-    back = (q.astype(np.float32) - zero[:, None]) * scale[:, None]
-    assert np.all(np.abs(back - x) <= scale[:, None] / 2 + 1e-7)
+@needs_numba
+@pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
+@pytest.mark.parametrize("m", [1, 3, Q.BLAS_MIN_ROWS, 7])  # the mat-vec path, then dequantize + BLAS
+def test_numba_qlinear_equals_numpy_within_float32_rounding(bits, with_zeros, m):
+    rng = np.random.default_rng(bits + m)
+    packed, _ = packed_grouped(rng, 130, 256, 64, bits, with_zeros)
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    assert_within_float32_rounding(Q.NUMBA["qlinear"](x, packed), Q.NUMPY["qlinear"](x, packed))
 
 
 @needs_numba
-def test_numba_per_token_quantization_equals_numpy_exactly():
-    rng = np.random.default_rng(4)
-    for magnitude in (1.0, 1e-3, 300.0):
-        x = (rng.standard_normal((6, 576)) * magnitude).astype(np.float32)
-        x[0], x[1] = 0, np.abs(x[1])  # an all-zero row and a row with no negative value
-        for got, expected in zip(Q.NUMBA["quantize_per_token"](x), Q.NUMPY["quantize_per_token"](x)):
-            assert got.dtype == expected.dtype and np.array_equal(got, expected)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n", [130, 1000])  # one 64-column run per thread and a short last one; several runs
+def test_two_thread_mat_vec_equals_one_thread(monkeypatch, bits, n):
+    """Above PARALLEL_MIN_WEIGHTS, with a core free (or when asked), decode splits the outputs
+    between threads; each output is the same sum in the same order, so they agree bit for bit."""
+    rng = np.random.default_rng(n)
+    packed, _ = packed_grouped(rng, n, 512, 32, bits, True)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "_other_core_idle", lambda: True)
+    assert np.array_equal(Q.NUMBA["qlinear"](x, packed), Q.NUMBA["qlinear"](x, packed, threads=1))
+    two, one = Q.NUMBA["qlinear"](x, packed, threads=2), Q.NUMBA["qlinear"](x, packed, threads=1)
+    assert np.array_equal(two, one)
+    assert_within_float32_rounding(one, Q.NUMPY["qlinear"](x, packed))
 
 
-@pytest.mark.parametrize("bits,with_zeros", WEIGHTS)
-def test_embedding_gathers_dequantized_rows(bits, with_zeros):
-    rng = np.random.default_rng(5)
-    q, s, z, lo, hi = grouped_weight(rng, 40, 64, 32, bits, with_zeros)
-    ids = np.array([[3, 0, 39, 3]])
-    expected = dequantized(q, s, z, lo, hi, 32)[ids.reshape(-1)]
-    assert np.array_equal(Q.embedding_numpy(q, s, z, 32, ids), expected)
-    if Q.NUMBA is not None:
-        assert np.array_equal(Q.NUMBA["embedding"](q, s, z, 32, ids), expected)
+CACHE_PROBE = """
+import json, numpy as np
+from execupy.kernels.fast import quantized as Q, quantized_jit as K
+rng = np.random.default_rng(0)
+for values in ((-100, 100), (0, 15)):  # int8 rows, then 4-bit words
+    packed = Q.pack(rng.integers(*values, (64, 1024)).astype(np.int8), np.ones((64, 32), np.float32), None, 32)
+    for m, threads in ((1, 1), (1, 2), (5, None)):  # decode on one thread and on two, then prefill
+        Q.NUMBA["qlinear"](np.ones((m, 1024), np.float32), packed, threads=threads)
+Q.NUMBA["fake_quantize_per_token"](np.ones((2, 64), np.float32))
+print(json.dumps({name: [sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values())]
+                  for name, k in K.KERNELS.items()}))
+"""
+
+
+@needs_numba
+def test_a_second_process_finds_every_compiled_kernel_in_numbas_cache(tmp_path):
+    """Compiled once per machine, not once per process (a kernel that misses the disk cache
+    is compiled again inside the first forward call, half a second each)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", CACHE_PROBE], env=env, capture_output=True, text=True,
+                                      check=True, timeout=600).stdout) for _ in range(2)]
+    assert all(misses > 0 for _, misses in runs[0].values())  # the first process compiled each one
+    assert all(hits > 0 and misses == 0 for hits, misses in runs[1].values())
 
 
 @pytest.mark.parametrize("values,nibbles", [((-8, 7), True), ((0, 15), True), ((-9, 7), False), ((0, 16), False)])
 @pytest.mark.parametrize("m", [1, 6])
-def test_4bit_weights_pack_two_to_a_byte_and_compute_the_same(values, nibbles, m):
+def test_4bit_weights_pack_eight_to_a_word_and_compute_the_same(values, nibbles, m):
     """int4 (Q4_0-like, -8..7) and uint4 (Q4_1-like, 0..15 with a minimum) weights are stored
-    two rows to a byte; anything wider stays one per byte. Either way qlinear is x @ w.T."""
+    eight rows to a 32-bit word; anything wider stays one per byte. Either way qlinear is x @ w.T."""
     rng = np.random.default_rng(m)
     q = rng.integers(values[0], values[1] + 1, (70, 128)).astype(np.int8)
     scales = (rng.random((70, 4)) * 0.05 + 1e-3).astype(np.float32)
@@ -99,3 +125,42 @@ def test_4bit_weights_pack_two_to_a_byte_and_compute_the_same(values, nibbles, m
     for impl in [Q.NUMPY] + ([Q.NUMBA] if Q.NUMBA is not None else []):
         got = impl["qlinear"](x, packed)
         assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max(axis=1, keepdims=True) + 1e-6)
+
+
+@needs_numba
+def test_packing_warms_the_compiled_kernels_up_at_load():
+    """The first pack in a process (the runtime packs while it binds a method) runs each kernel
+    once, so the first forward call does not load them; warming twice does nothing more."""
+    from execupy.kernels.fast import quantized_jit as K
+
+    Q.pack(np.zeros((8, 32), np.int8), np.ones((8, 1), np.float32), None, 32)
+    assert Q._warm["done"]
+    assert all(kernel.signatures for kernel in K.KERNELS.values())
+    before = {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
+    Q.warm_up()
+    assert before == {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
+
+
+def test_two_threads_slower_than_one_turn_threads_off_for_a_while():
+    cores = Q._Cores()
+    rng = np.random.default_rng(9)
+    w, _ = packed_grouped(rng, 512, 512, 32, 4, False)  # 128 KiB of 4-bit words
+    assert cores.idle()
+    cores.took(w, 1, 0.00003)  # a weight's first call runs on one thread: 30 us, remembered
+    assert w.serial_s == 0.00003 and cores.idle()
+    cores.took(w, 2, 0.00002)  # two threads faster than that: they stay
+    assert cores.idle()
+    cores.took(w, 2, 0.002)  # 2 ms: a thread waited for a core
+    assert not cores.idle()
+    cores.serial_until = 0.0  # the back-off is over
+    assert cores.idle()
+
+
+@needs_numba
+def test_a_weights_first_decode_call_runs_on_one_thread(monkeypatch):
+    monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "_other_core_idle", lambda: True)
+    w, _ = packed_grouped(np.random.default_rng(10), 256, 256, 32, 4, False)
+    assert w.serial_s == 0
+    Q.NUMBA["qlinear"](np.ones((1, 256), np.float32), w)
+    assert w.serial_s > 0  # timed on one thread; the next calls may take two

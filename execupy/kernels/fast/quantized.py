@@ -14,42 +14,13 @@ so a test can compare them on the same inputs.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 # ---------------------------------------------------------------------------- numpy reference
-
-
-def _grouped(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
-             mins: Optional[np.ndarray] = None) -> np.ndarray:
-    n, k = q.shape
-    groups = q.reshape(n, k // group_size, group_size).astype(np.float32)
-    if zeros is not None:
-        groups = groups - zeros.reshape(n, -1, 1).astype(np.float32)
-    groups = groups * scales.reshape(n, -1, 1).astype(np.float32)
-    return groups if mins is None else groups + mins.reshape(n, -1, 1).astype(np.float32)
-
-
-def qmatmul_numpy(x: np.ndarray, q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray],
-                  group_size: int, mins: Optional[np.ndarray] = None) -> np.ndarray:
-    """x[M, K] @ w[N, K].T with w = (q - zeros) * scales (+ mins) per group, in float32."""
-    w = _grouped(q, scales, zeros, group_size, mins).reshape(q.shape)
-    return np.asarray(x, np.float32) @ w.T
-
-
-def quantize_per_token_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Dynamic asymmetric int8 per row, as `choose_qparams_per_token_asymmetric` then
-    `quantize_per_token` compute it (the registered kernels themselves); returns
-    (q int8[M, K], scale float32[M], zero point int64[M])."""
-    from ..quantized.quant import choose_qparams_per_token_asymmetric, quantize_per_token
-
-    x = np.asarray(x, np.float32)
-    scale, zero = np.empty((x.shape[0], 1), np.float32), np.empty((x.shape[0], 1), np.int64)
-    choose_qparams_per_token_asymmetric(x, 1, scale, zero)
-    q = quantize_per_token(x, scale, zero, -128, 127, 1, np.empty(x.shape, np.int8))
-    return q, scale.reshape(-1), zero.reshape(-1)
 
 
 def fake_quantize_per_token_numpy(x: np.ndarray) -> np.ndarray:
@@ -65,14 +36,6 @@ def fake_quantize_per_token_numpy(x: np.ndarray) -> np.ndarray:
     return dequantize_per_token(q, scale, zero, -128, 127, 1, 6, np.empty(x.shape, np.float32))
 
 
-def embedding_numpy(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
-                    ids: np.ndarray) -> np.ndarray:
-    """Rows `ids` of the dequantized table, float32."""
-    rows = np.asarray(ids, np.int64).reshape(-1)
-    z = None if zeros is None else zeros.reshape(q.shape[0], -1)[rows]
-    return _grouped(q[rows], scales.reshape(q.shape[0], -1)[rows], z, group_size).reshape(len(rows), q.shape[1])
-
-
 def group_offsets(scales: np.ndarray, zeros: Optional[np.ndarray], mins: Optional[np.ndarray]) -> np.ndarray:
     """Per group, what w = (q - zero) * scale + min adds to q * scale: min - zero * scale."""
     offsets = np.zeros(scales.shape, np.float32)
@@ -86,7 +49,8 @@ def group_offsets(scales: np.ndarray, zeros: Optional[np.ndarray], mins: Optiona
 # From this many rows on, a call dequantizes the weight a slice at a time and hands each slice to
 # BLAS (prefill); fewer rows read the integers directly (decode), which moves a quarter of the bytes.
 BLAS_MIN_ROWS = 4
-BLAS_SLICE_COLUMNS = 2048  # a [K, 2048] float32 slice stays in L2 for K = 576
+# Of 128..2048 columns, 2048 was the fastest on SmolLM2's shapes at 64 and 113 rows (bench/quantized_kernels.py).
+BLAS_SLICE_COLUMNS = 2048
 
 
 @dataclass
@@ -95,15 +59,19 @@ class PackedWeight:
 
     Stored input-major (the transpose of the [N, K] weight): a decode step walks the K rows of
     `qt` once, and every output's running sum advances in the same SIMD lane, so no horizontal
-    sums and no per-group reductions. 4-bit weights go two rows to a byte (`nibbles`): decode
-    reads every weight byte once per token, so half the bytes is close to half the time."""
+    sums and no per-group reductions. 4-bit weights go eight rows to a 32-bit word (`nibbles`):
+    decode reads every weight byte once per token, so half the bytes is close to half the time,
+    and a word's rows come out with a shift and a mask in the lane that uses them (with two
+    rows per byte, widening bytes to 32-bit lanes took a shuffle per 16 weights; the words
+    made a cold 576x576 mat-vec 2x faster)."""
 
-    qt: np.ndarray  # int8 [K, N]; with nibbles uint8 [K/2, N]: row 2i in the low half, 2i+1 in the high
+    qt: np.ndarray  # int8 [K, N]; with nibbles uint32 [K/8, N]: row 8i + r in bits 4r..4r+3
     scales: np.ndarray  # float32 [K / group_size, N]
     offsets: np.ndarray  # float32 [K / group_size, N]: min - zero * scale (- shift * scale for nibbles)
     group_size: int
     k: int
     nibbles: bool
+    serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see _Cores
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -113,6 +81,9 @@ class PackedWeight:
 
 def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
          mins: Optional[np.ndarray] = None) -> PackedWeight:
+    """The weight q [N, K] (w = (q - zeros) * scales (+ mins) per group) laid out for `qlinear`;
+    the first call in a process also warms the compiled kernels up (`warm_up`)."""
+    warm_up()
     n = q.shape[0]
     q = q.reshape(n, -1)
     k = q.shape[1]
@@ -120,13 +91,35 @@ def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_s
     offsets = group_offsets(s, zeros, mins)
     lo, hi = (int(q.min()), int(q.max())) if q.size else (0, 0)
     shift = 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None  # int4 or uint4 values
-    if shift is None or group_size % 4:
+    if shift is None or group_size % 8:
         return PackedWeight(np.ascontiguousarray(q.T), np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T),
                             group_size, k, False)
     u = (q.T + np.int8(shift)).view(np.uint8)  # [K, N], values 0..15
-    packed = u[0::2] | (u[1::2] << np.uint8(4))
+    pairs = u[0::2] | (u[1::2] << np.uint8(4))  # [K/2, N]: rows 2i (low) and 2i + 1 (high) in a byte
+    packed = np.zeros((k // 8, n), np.uint32)  # byte b of a word: pair 4i + b, so row 8i + r in bits 4r..4r+3
+    for b in range(4):
+        packed |= pairs[b::4].astype(np.uint32) << np.uint32(8 * b)
     return PackedWeight(np.ascontiguousarray(packed), np.ascontiguousarray(s.T),
                         np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, True)
+
+
+_warm = {"done": False}
+
+
+def warm_up() -> None:
+    """Run every compiled kernel once on a tiny weight of each layout, at load (the runtime packs
+    weights when it binds a method): numba reads its machine code from the disk cache and starts
+    its worker threads now, not inside the first forward call (0.1 s the first time in a process)."""
+    if NUMBA is None or _warm["done"]:
+        return
+    _warm["done"] = True  # before the pack calls below, which call back here
+    for values in ((-128, 127), (0, 15)):  # int8 rows, 4-bit words
+        q = np.full((64, 32), values[1], np.int8)
+        w = pack(q, np.ones((64, 1), np.float32), None, 32)
+        for m in (1, BLAS_MIN_ROWS):
+            NUMBA["qlinear"](np.ones((m, 32), np.float32), w)
+        NUMBA["qlinear"](np.ones((1, 32), np.float32), w, threads=2)
+    NUMBA["fake_quantize_per_token"](np.ones((1, 32), np.float32))
 
 
 def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
@@ -134,7 +127,8 @@ def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
     if not w.nibbles:
         return w.qt[:, j0:j1]
     rows = np.empty((w.k, j1 - j0), np.uint8)
-    rows[0::2], rows[1::2] = w.qt[:, j0:j1] & np.uint8(15), w.qt[:, j0:j1] >> np.uint8(4)
+    for r in range(8):
+        rows[r::8] = (w.qt[:, j0:j1] >> np.uint32(4 * r)) & np.uint32(15)
     return rows
 
 
@@ -152,204 +146,98 @@ def qlinear_numpy(x: np.ndarray, w: PackedWeight) -> np.ndarray:
     return np.asarray(x, np.float32) @ dequantize_columns(w, 0, n)
 
 
-NUMPY: dict[str, Callable] = {"qmatmul": qmatmul_numpy, "quantize_per_token": quantize_per_token_numpy,
-                              "fake_quantize_per_token": fake_quantize_per_token_numpy,
-                              "embedding": embedding_numpy, "qlinear": qlinear_numpy}
+NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token_numpy, "qlinear": qlinear_numpy}
 
 # ---------------------------------------------------------------------------- numba
+
+# From this many weights (N * K) on, a decode mat-vec splits its outputs between two threads
+# (numba's prange): each reads half of the weight, which two cores read faster than one, and
+# the wake-up (a few microseconds when the other core is idle) is less than the half saved.
+# Smaller ones (SmolLM2's 192x576 k/v) stay on one thread, and all do for a while after two
+# threads were slower than one on a busy machine (`_Cores`).
+PARALLEL_MIN_WEIGHTS = 256 * 1024
 
 
 def _compile() -> Optional[dict[str, Callable]]:
     try:
-        import numba
+        from . import quantized_jit as K
     except ImportError:
         return None
+    import numba
 
-    @numba.njit(cache=True, fastmath=True)
-    def _matvec(x, xsum, qt, scales, offsets, group_size, out):
-        # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * xsum[g]). The innermost
-        # loops run over contiguous outputs through 1-D row views, which LLVM vectorises (2-D
-        # indexing there kept it scalar, 10x slower); four input rows per pass quarter the
-        # traffic on the running sums.
-        k, n = qt.shape
-        total = np.zeros(n, np.float32)
-        acc = np.empty(n, np.float32)
-        for g in range(k // group_size):
-            acc[:] = 0
-            c, end = g * group_size, (g + 1) * group_size
-            while c + 4 <= end:
-                x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
-                r0, r1, r2, r3 = qt[c], qt[c + 1], qt[c + 2], qt[c + 3]
-                for j in range(n):
-                    acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])
-                               + x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
-                c += 4
-            while c < end:
-                xc, r0 = x[c], qt[c]
-                for j in range(n):
-                    acc[j] += xc * np.float32(r0[j])
-                c += 1
-            xs, sg, og = xsum[g], scales[g], offsets[g]
-            for j in range(n):
-                total[j] += acc[j] * sg[j] + og[j] * xs
-        out[:] = total
+    cores = numba.config.NUMBA_NUM_THREADS
 
-    @numba.njit(cache=True, fastmath=True)
-    def _matvec_nibbles(x, xsum, qt, scales, offsets, group_size, out):
-        # _matvec on two rows per byte: low half row 2i, high half row 2i + 1 (group_size % 4 == 0).
-        n = qt.shape[1]
-        total = np.zeros(n, np.float32)
-        acc = np.empty(n, np.float32)
-        # The nibbles stay uint8 (explicit casts): numba would widen `byte >> 4` to int64,
-        # and the loop would run at half the speed of the int8 layout instead of twice.
-        low, four = np.uint8(15), np.uint8(4)
-        for g in range(qt.shape[0] * 2 // group_size):
-            acc[:] = 0
-            for b in range(g * group_size // 2, (g + 1) * group_size // 2, 2):
-                c = 2 * b
-                x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
-                r0, r1 = qt[b], qt[b + 1]
-                for j in range(n):
-                    v0, v1 = r0[j], r1[j]
-                    acc[j] += (x0 * np.float32(np.uint8(v0 & low)) + x1 * np.float32(np.uint8(v0 >> four))
-                               + x2 * np.float32(np.uint8(v1 & low)) + x3 * np.float32(np.uint8(v1 >> four)))
-            xs, sg, og = xsum[g], scales[g], offsets[g]
-            for j in range(n):
-                total[j] += acc[j] * sg[j] + og[j] * xs
-        out[:] = total
-
-    @numba.njit(cache=True)
-    def _matvec_rows(x, xsum, qt, scales, offsets, group_size, nibbles, out):
-        for r in range(x.shape[0]):
-            if nibbles:
-                _matvec_nibbles(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
-            else:
-                _matvec(x[r], xsum[r], qt, scales, offsets, group_size, out[r])
-
-    @numba.njit(cache=True, fastmath=True)
-    def _dequantize_columns(qt, scales, offsets, group_size, j0, j1, dst):
-        for c in range(qt.shape[0]):
-            g = c // group_size
-            q, sg, og, row = qt[c, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[c]
-            for j in range(j1 - j0):
-                row[j] = np.float32(q[j]) * sg[j] + og[j]
-
-    @numba.njit(cache=True, fastmath=True)
-    def _dequantize_nibble_columns(qt, scales, offsets, group_size, j0, j1, dst):
-        low, four = np.uint8(15), np.uint8(4)
-        for b in range(qt.shape[0]):
-            g = 2 * b // group_size  # rows 2b and 2b + 1 share a group (group_size is even)
-            q, sg, og, even, odd = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[2 * b], dst[2 * b + 1]
-            for j in range(j1 - j0):
-                v = q[j]
-                even[j] = np.float32(np.uint8(v & low)) * sg[j] + og[j]
-                odd[j] = np.float32(np.uint8(v >> four)) * sg[j] + og[j]
-
-    @numba.njit(cache=True)
-    def _token_qparams(row):
-        # choose_qparams_per_token_asymmetric's arithmetic for one row, in float32: (scale, zero point)
-        eps = np.float32(np.finfo(np.float32).eps)
-        lo = np.float32(0)
-        hi = np.float32(0)
-        for c in range(row.shape[0]):
-            lo = min(lo, row[c])
-            hi = max(hi, row[c])
-        s = max(np.float32((hi - lo) / np.float32(255)), eps)
-        dmin, dmax = np.float32(lo / s), np.float32(hi / s)
-        if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
-            z = np.float32(-128) - dmin
-        else:
-            z = np.float32(127) - dmax
-        return s, np.round(min(max(z, np.float32(-128)), np.float32(127)))
-
-    @numba.njit(cache=True)
-    def _quantize_per_token(x):
-        m, k = x.shape
-        q = np.empty((m, k), np.int8)
-        scale = np.empty(m, np.float32)
-        zero = np.empty(m, np.int64)
-        for r in range(m):
-            s, z = _token_qparams(x[r])
-            scale[r] = s
-            zero[r] = np.int64(z)
-            inv = np.float32(1.0) / s
-            for c in range(k):
-                v = np.round(np.float32(x[r, c] * inv + np.float32(z)))
-                q[r, c] = np.int8(min(max(v, np.float32(-128)), np.float32(127)))
-        return q, scale, zero
-
-    @numba.njit(cache=True)
-    def _fake_quantize_per_token(x, out):
-        # Step for step the numpy kernels' arithmetic: range and scale in float32, then the
-        # quantize and dequantize in float64 (the graph's scales are float64), no fastmath.
-        m, k = x.shape
-        for r in range(m):
-            s, z = _token_qparams(x[r])
-            z64, s64 = np.float64(z), np.float64(s)
-            inv = 1.0 / s64
-            for c in range(k):
-                v = min(max(np.round(np.float64(x[r, c]) * inv + z64), -128.0), 127.0)
-                out[r, c] = np.float32((v - z64) * s64)
-
-    @numba.njit(cache=True)
-    def _embedding(q, scales, zeros, group_size, rows):
-        d = q.shape[1]
-        out = np.empty((rows.shape[0], d), np.float32)
-        for i in range(rows.shape[0]):
-            row = rows[i]
-            for c in range(d):
-                g = c // group_size
-                out[i, c] = (np.float32(q[row, c]) - np.float32(zeros[row, g])) * scales[row, g]
-        return out
-
-    def qlinear(x, w: PackedWeight):
+    def qlinear(x, w: PackedWeight, threads: Optional[int] = None):
+        """`threads` (decode only) overrides the choice between one thread and all of them."""
         (n, k), m = w.shape, x.shape[0]
         x = np.ascontiguousarray(x, np.float32)
-        if m < BLAS_MIN_ROWS:  # decode: one pass over the integers (a second thread's wake-up costs more)
-            out = np.empty((m, n), np.float32)
-            xsum = x.reshape(m, k // w.group_size, w.group_size).sum(axis=-1, dtype=np.float32)
-            _matvec_rows(x, xsum, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
+        out = np.empty((m, n), np.float32)
+        if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
+            chosen = threads is None
+            if chosen:
+                # a weight's first call runs on one thread: the time the second thread must beat
+                big = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and w.serial_s > 0
+                threads = cores if big and _other_core_idle() else 1
+            t0 = time.perf_counter()
+            if threads > 1:
+                K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
+            else:
+                K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
+            if chosen:
+                _CORES.took(w, threads, time.perf_counter() - t0)
             return out
         # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
-        out = np.empty((m, n), np.float32)
         scratch = np.empty((k, min(n, BLAS_SLICE_COLUMNS)), np.float32)
         for j0 in range(0, n, BLAS_SLICE_COLUMNS):
             j1 = min(n, j0 + BLAS_SLICE_COLUMNS)
             part = scratch[:, : j1 - j0]
-            dequantize = _dequantize_nibble_columns if w.nibbles else _dequantize_columns
-            dequantize(w.qt, w.scales, w.offsets, w.group_size, j0, j1, part)
+            K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.nibbles, j0, j1, part)
             out[:, j0:j1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
         return out
-
-    def qmatmul(x, q, scales, zeros, group_size, mins=None):
-        return qlinear(x, pack(q, scales, zeros, group_size, mins))
-
-    def quantize_per_token(x):
-        return _quantize_per_token(np.ascontiguousarray(x, np.float32))
 
     def fake_quantize_per_token(x):
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty(x.shape, np.float32)
-        _fake_quantize_per_token(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
+        K.fake_quantize_per_token(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
         return out
 
-    def embedding(q, scales, zeros, group_size, ids):
-        n = q.shape[0]
-        s = scales.reshape(n, -1).astype(np.float32)
-        z = np.zeros(s.shape, np.int32) if zeros is None else zeros.reshape(n, -1).astype(np.int32)
-        return _embedding(q, s, z, group_size, np.asarray(ids, np.int64).reshape(-1))
+    return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear}
 
-    return {"qmatmul": qmatmul, "quantize_per_token": quantize_per_token, "embedding": embedding,
-            "fake_quantize_per_token": fake_quantize_per_token,
-            "qlinear": qlinear}
+
+@dataclass
+class _Cores:
+    """Whether a decode mat-vec may take a second core now: not within `BACKOFF_S` of a parallel
+    call that was slower than the same weight's last one-thread call (a weight's first call
+    runs on one thread, so there is always one to compare with). A second thread that
+    waits for a busy core costs from tens of microseconds to milliseconds per call (8 ms for a
+    1536x576 mat-vec on a loaded machine, against 0.02 ms on one thread): on a busy machine at
+    most one call per back-off pays it, on an idle one two cores stay on. (The load average
+    cannot decide it: it lags a burst by a minute, and our own spinning thread counts in it.)"""
+
+    BACKOFF_S = 5.0
+    serial_until: float = 0.0
+
+    def idle(self) -> bool:
+        return time.monotonic() >= self.serial_until
+
+    def took(self, w: PackedWeight, threads: int, seconds: float) -> None:
+        """A chosen call's time: one thread's is remembered, two threads' compared with it."""
+        if threads == 1:
+            w.serial_s = seconds
+        elif seconds > w.serial_s:
+            self.serial_until = time.monotonic() + self.BACKOFF_S
+
+
+_CORES = _Cores()
+
+
+def _other_core_idle() -> bool:
+    return _CORES.idle()
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
 BACKEND = "numba" if NUMBA is not None else "numpy"
 _ACTIVE = NUMBA or NUMPY
 
-qmatmul: Callable = _ACTIVE["qmatmul"]
-quantize_per_token: Callable = _ACTIVE["quantize_per_token"]
 fake_quantize_per_token: Callable = _ACTIVE["fake_quantize_per_token"]
-embedding: Callable = _ACTIVE["embedding"]
 qlinear: Callable = _ACTIVE["qlinear"]

@@ -1,0 +1,165 @@
+"""The numba kernels behind `execupy.kernels.fast.quantized` (imported only where numba is installed).
+
+They are module-level functions, not closures made inside a function: numba's disk cache
+never matches a jitted function that calls another closure's dispatcher, so such a caller
+was compiled again in every process (0.5 s inside the first forward call per kernel).
+`tests/kernels/test_fast_kernels.py` checks that a second process finds every one in the cache.
+
+Layouts and arithmetic are those of `PackedWeight` (quantized.py): the weight input-major
+`qt [K, N]`, int8 or two 4-bit rows per byte, `w = q * scale + offset` per group of rows.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_M4 = np.uint32(15)
+_S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
+
+
+@numba.njit(cache=True, fastmath=True)
+def _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out):
+    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * sum_{c in g} x[c]) for j in j0..j1.
+    # The innermost loops run over contiguous outputs through 1-D row views, which LLVM
+    # vectorises (2-D indexing there kept it scalar, 10x slower); four input rows per pass
+    # quarter the traffic on the running sums.
+    n = j1 - j0
+    total = np.zeros(n, np.float32)
+    acc = np.empty(n, np.float32)
+    for g in range(qt.shape[0] // group_size):
+        acc[:] = 0
+        c, end = g * group_size, (g + 1) * group_size
+        while c + 4 <= end:
+            x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
+            r0, r1, r2, r3 = qt[c, j0:j1], qt[c + 1, j0:j1], qt[c + 2, j0:j1], qt[c + 3, j0:j1]
+            for j in range(n):
+                acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])
+                           + x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
+            c += 4
+        while c < end:
+            xc, r0 = x[c], qt[c, j0:j1]
+            for j in range(n):
+                acc[j] += xc * np.float32(r0[j])
+            c += 1
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
+        for j in range(n):
+            total[j] += acc[j] * sg[j] + og[j] * xs
+    out[j0:j1] = total
+
+
+@numba.njit(cache=True, fastmath=True)
+def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
+    # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
+    # The words stay uint32 (explicit casts): numba would widen the shifts to int64 and halve the lanes.
+    n = j1 - j0
+    total = np.zeros(n, np.float32)
+    acc = np.empty(n, np.float32)
+    for g in range(qt.shape[0] * 8 // group_size):
+        acc[:] = 0
+        for b in range(g * group_size // 8, (g + 1) * group_size // 8):
+            c = 8 * b
+            x0, x1, x2, x3, x4, x5, x6, x7 = x[c], x[c + 1], x[c + 2], x[c + 3], x[c + 4], x[c + 5], x[c + 6], x[c + 7]
+            row = qt[b, j0:j1]
+            for j in range(n):
+                v = row[j]
+                acc[j] += (x0 * np.float32(np.int32(v & _M4)) + x1 * np.float32(np.int32((v >> _S4) & _M4))
+                           + x2 * np.float32(np.int32((v >> _S8) & _M4)) + x3 * np.float32(np.int32((v >> _S12) & _M4))
+                           + x4 * np.float32(np.int32((v >> _S16) & _M4)) + x5 * np.float32(np.int32((v >> _S20) & _M4))
+                           + x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28)))
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
+        for j in range(n):
+            total[j] += acc[j] * sg[j] + og[j] * xs
+    out[j0:j1] = total
+
+
+@numba.njit(cache=True)
+def _columns(x, qt, scales, offsets, group_size, nibbles, j0, j1, out):
+    if nibbles:
+        _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out)
+    else:
+        _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out)
+
+
+@numba.njit(cache=True)
+def matvec(x, qt, scales, offsets, group_size, nibbles, out):
+    """out[r] = x[r] @ w.T for each (few) row r, one thread: every weight byte read once per row."""
+    for r in range(x.shape[0]):
+        _columns(x[r], qt, scales, offsets, group_size, nibbles, 0, out.shape[1], out[r])
+
+
+@numba.njit(cache=True, parallel=True)
+def matvec_parallel(x, qt, scales, offsets, group_size, nibbles, blocks, out):
+    """`matvec` with the outputs cut into `blocks` runs of columns, one per thread; a run is a
+    multiple of 64 columns, so no two threads write into one cache line."""
+    n = out.shape[1]
+    width = (-(-n // blocks) + 63) // 64 * 64
+    for r in range(x.shape[0]):
+        for b in numba.prange(blocks):
+            j0 = b * width
+            j1 = min(n, j0 + width)
+            if j0 < j1:
+                _columns(x[r], qt, scales, offsets, group_size, nibbles, j0, j1, out[r])
+
+
+@numba.njit(cache=True, fastmath=True)
+def dequantize_columns(qt, scales, offsets, group_size, nibbles, j0, j1, dst):
+    """dst [K, j1 - j0] = columns j0..j1 of the float32 transposed weight."""
+    if not nibbles:
+        for c in range(qt.shape[0]):
+            g = c // group_size
+            q, sg, og, row = qt[c, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[c]
+            for j in range(j1 - j0):
+                row[j] = np.float32(q[j]) * sg[j] + og[j]
+        return
+    for b in range(qt.shape[0]):
+        g = 8 * b // group_size  # a word's eight rows share a group (group_size % 8 == 0)
+        q, sg, og = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1]
+        d0, d1, d2, d3 = dst[8 * b], dst[8 * b + 1], dst[8 * b + 2], dst[8 * b + 3]
+        d4, d5, d6, d7 = dst[8 * b + 4], dst[8 * b + 5], dst[8 * b + 6], dst[8 * b + 7]
+        for j in range(j1 - j0):  # constant shifts, all eight rows in one pass: 4x a loop per row
+            v, s, o = q[j], sg[j], og[j]
+            d0[j] = np.float32(np.int32(v & _M4)) * s + o
+            d1[j] = np.float32(np.int32((v >> _S4) & _M4)) * s + o
+            d2[j] = np.float32(np.int32((v >> _S8) & _M4)) * s + o
+            d3[j] = np.float32(np.int32((v >> _S12) & _M4)) * s + o
+            d4[j] = np.float32(np.int32((v >> _S16) & _M4)) * s + o
+            d5[j] = np.float32(np.int32((v >> _S20) & _M4)) * s + o
+            d6[j] = np.float32(np.int32((v >> _S24) & _M4)) * s + o
+            d7[j] = np.float32(np.int32(v >> _S28)) * s + o
+
+
+@numba.njit(cache=True)
+def _token_qparams(row):
+    # choose_qparams_per_token_asymmetric's arithmetic for one row, in float32: (scale, zero point)
+    eps = np.float32(np.finfo(np.float32).eps)
+    lo = np.float32(0)
+    hi = np.float32(0)
+    for c in range(row.shape[0]):
+        lo = min(lo, row[c])
+        hi = max(hi, row[c])
+    s = max(np.float32((hi - lo) / np.float32(255)), eps)
+    dmin, dmax = np.float32(lo / s), np.float32(hi / s)
+    if (np.float32(-128) + dmin) + (np.float32(127) + dmax) > 0:
+        z = np.float32(-128) - dmin
+    else:
+        z = np.float32(127) - dmax
+    return s, np.round(min(max(z, np.float32(-128)), np.float32(127)))
+
+
+@numba.njit(cache=True)
+def fake_quantize_per_token(x, out):
+    """Step for step the numpy kernels' arithmetic: range and scale in float32, then the
+    quantize and dequantize in float64 (the graph's scales are float64), no fastmath."""
+    m, k = x.shape
+    for r in range(m):
+        s, z = _token_qparams(x[r])
+        z64, s64 = np.float64(z), np.float64(s)
+        inv = 1.0 / s64
+        for c in range(k):
+            v = min(max(np.round(np.float64(x[r, c]) * inv + z64), -128.0), 127.0)
+            out[r, c] = np.float32((v - z64) * s64)
+
+
+# Every compiled kernel by name (the cache test runs each and reads its dispatcher's stats).
+KERNELS = {"matvec": matvec, "matvec_parallel": matvec_parallel, "dequantize_columns": dequantize_columns,
+           "fake_quantize_per_token": fake_quantize_per_token}
