@@ -205,7 +205,8 @@ def dynamic_activation_program() -> bytes:
             q = ops.quantize_per_token(x, s, z, -128, 127, torch.int8)
             return ops.dequantize_per_token(q, s, z, -128, 127, torch.int8, torch.float32) * 2.0
 
-    return to_edge(torch.export.export(DynamicActivations(), (torch.randn(5, 96),))).to_executorch().buffer
+    # [1, tokens, K], as a transformer's linears see a prompt (the numpy kernel once assumed 2-D)
+    return to_edge(torch.export.export(DynamicActivations(), (torch.randn(1, 5, 96),))).to_executorch().buffer
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
@@ -223,6 +224,7 @@ def test_per_token_activation_quantization_is_one_fused_step_bit_equal(backend, 
     x = rng.standard_normal((5, 96)).astype(np.float32) * np.array([1e-4, 1, 30, 1, 1], np.float32)[:, None]
     x[3] = np.abs(x[3])  # a row with no negative value: the zero point comes from the other end
     x[4] = 0  # a row of zeros: the scale is float32's eps
+    x = x[None]
     a, b = fused.execute([x])[0], plain.execute([x])[0]
     assert np.array_equal(a, b)
     assert np.abs(a - 2 * x).max() <= 2 * (2 * np.abs(x).max() / 255)  # within a quantization step of x

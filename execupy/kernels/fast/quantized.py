@@ -24,13 +24,14 @@ import numpy as np
 
 
 def fake_quantize_per_token_numpy(x: np.ndarray) -> np.ndarray:
-    """x through 8da4w's dynamic int8 activations, float32 [M, K] -> float32 [M, K]: the
+    """x through 8da4w's dynamic int8 activations, float32 [..., K] -> the same shape: the
     registered choose_qparams_per_token_asymmetric / quantize_per_token / dequantize_per_token
     kernels in a row, with the float64 scales and int64 zero points the exported graph uses."""
     from ..quantized.quant import choose_qparams_per_token_asymmetric, dequantize_per_token, quantize_per_token
 
     x = np.asarray(x, np.float32)
-    scale, zero = np.empty((x.shape[0], 1), np.float64), np.empty((x.shape[0], 1), np.int64)
+    tokens = x.shape[:-1]  # any leading shape (a prompt's [1, M, K] too): one scale per row
+    scale, zero = np.empty((*tokens, 1), np.float64), np.empty((*tokens, 1), np.int64)
     choose_qparams_per_token_asymmetric(x, 1, scale, zero)
     q = quantize_per_token(x, scale, zero, -128, 127, 1, np.empty(x.shape, np.int8))
     return dequantize_per_token(q, scale, zero, -128, 127, 1, 6, np.empty(x.shape, np.float32))
