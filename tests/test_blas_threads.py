@@ -1,6 +1,7 @@
 """BLAS threads by product size (execupy/runtime/blas_threads.py): a product with a few rows
-(an LLM's decode) runs on one thread, a large one on the threads BLAS had, and every call of
-a method leaves BLAS as it found it."""
+(an LLM's decode) runs on one thread first, then on BLAS's threads while two threads are not
+slower than one was; a large one always on the threads BLAS had; every call of a method leaves
+BLAS as it found it."""
 import numpy as np
 import pytest
 
@@ -38,12 +39,26 @@ def export_linear(tmp_path, rows: int):
 
 
 @pytest.mark.parametrize("rows", [1, 64])
-def test_a_mat_vec_runs_on_one_thread_and_the_call_restores_blas(rows, product_threads, tmp_path):
+def test_a_mat_vec_starts_on_one_thread_and_the_call_restores_blas(rows, product_threads, tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
+    from execupy.kernels import cores
+
+    monkeypatch.setattr(cores, "SECOND_CORE", cores.SecondCore())  # no back-off left by other tests
+    monkeypatch.setattr(blas_threads, "SECOND_CORE", cores.SECOND_CORE)
     model, pte = export_linear(tmp_path, rows)
     x = np.random.default_rng(0).standard_normal((rows, 64), dtype=np.float32)
-    out = Module(pte).forward(x)
+    m = Module(pte)
+    out = m.forward(x)
     np.testing.assert_allclose(out, model(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5)
-    expected = 1 if rows < blas_threads.ONE_THREAD_ROWS else blas_threads.default_threads()
-    assert product_threads and set(product_threads) == {expected}
-    assert blas_threads.threads() == blas_threads.default_threads()
+    default = blas_threads.default_threads()
+    if rows < blas_threads.SMALL_ROWS:
+        assert product_threads == [1]  # timed on one thread: the time two threads must beat
+        cores.SECOND_CORE.serial_until = float("inf")  # as after a two-thread call that stalled
+        m.forward(x)
+        assert product_threads == [1, 1]
+        cores.SECOND_CORE.serial_until = 0.0
+        m.forward(x)
+        assert product_threads == [1, 1, default]
+    else:
+        assert product_threads == [default]
+    assert blas_threads.threads() == default

@@ -1,29 +1,35 @@
-"""How many threads numpy's BLAS may use for one product, chosen by the product's rows.
+"""How many threads numpy's BLAS may use for one product: its rows, and whether the other core is free.
 
 A product with few rows (an LLM's decode: one row; a short prompt: a few) reads each weight
-once for a handful of multiply-adds: it is bound by memory bandwidth, which one core nearly
-saturates, so a second BLAS thread gains little on a quiet machine. On a busy one it costs
-a great deal: OpenBLAS's threads wait for each other at every product, and a waiting thread
-that lost its core stalls the product (SmolLM2 fp32 decode on 2 shared cores at load 3.6:
-26 ms per token on one thread, 143 ms on two). So a product of fewer than
-`EXECUPY_BLAS_ONE_THREAD_ROWS` rows (default 16) runs on one thread, and a larger one (a long
-prompt: compute-bound) on the threads BLAS had when execupy was imported; a call of a method
-ends with BLAS set back to those.
+once for a handful of multiply-adds: it is bound by memory bandwidth, which two cores read
+faster than one on an idle machine, but on a busy one OpenBLAS's threads wait for each other
+at every product and a waiting thread that lost its core stalls it (SmolLM2 fp32 decode on 2
+shared cores at load 3.6: 26 ms per token on one thread, 143 ms on two). So a product of
+fewer than `EXECUPY_BLAS_SMALL_ROWS` rows (default 16) takes BLAS's threads only when the
+process-wide rule of kernels/cores.py says the other core is free (each product step times
+itself; a slow two-thread call sends every site to one thread for a few seconds), and a
+larger one (a long prompt: compute-bound) always does. A call of a method ends with BLAS set
+back to the threads it had when execupy was imported.
 
 Only numpy's bundled OpenBLAS is steered (its thread-count functions, found with ctypes);
 with another BLAS nothing changes. The count last set is remembered here, so the switch
-costs a foreign call only when the count changes (about twice per decoded token).
+costs a foreign call only when the count changes.
 """
 from __future__ import annotations
 
 import ctypes
 import glob
 import os
-from typing import Optional
+import time
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 
-ONE_THREAD_ROWS = int(os.environ.get("EXECUPY_BLAS_ONE_THREAD_ROWS", 16))
+from ..kernels.cores import SECOND_CORE, CallSite
+
+T = TypeVar("T")
+
+SMALL_ROWS = int(os.environ.get("EXECUPY_BLAS_SMALL_ROWS", 16))
 
 # (set, get) function names of OpenBLAS builds: numpy's wheels (scipy-openblas, 64-bit ints), others
 _NAMES = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
@@ -61,10 +67,19 @@ def _find() -> Optional[_OpenBLAS]:
 _BLAS = _find()
 
 
-def for_rows(rows: int) -> None:
-    """Before a BLAS product with `rows` rows: one thread below ONE_THREAD_ROWS, else the default."""
-    if _BLAS is not None:
-        _BLAS.use(1 if rows < ONE_THREAD_ROWS else _BLAS.default)
+def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) -> T:
+    """fn(*args, **kwargs), a BLAS product of `rows` rows made at `site`, on the threads described above."""
+    if _BLAS is None:
+        return fn(*args, **kwargs)
+    if rows >= SMALL_ROWS:
+        _BLAS.use(_BLAS.default)
+        return fn(*args, **kwargs)
+    threads = _BLAS.default if SECOND_CORE.free(site) else 1
+    _BLAS.use(threads)
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    SECOND_CORE.took(site, threads, time.perf_counter() - t0)
+    return result
 
 
 def restore() -> None:

@@ -37,6 +37,7 @@ from ..errors import (
     UnsupportedOperatorError,
 )
 from ..schema import program as P
+from ..kernels.cores import CallSite
 from ..kernels.portable import linalg as portable_linalg
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
@@ -97,15 +98,15 @@ _BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
 
 
 def _threads_by_rows(fn: Callable, rows: Callable[..., int]) -> Callable:
-    """`fn` run with the BLAS threads its rows call for (one for a mat-vec: blas_threads.py)."""
+    """`fn` run with the BLAS threads its rows and the other core allow (blas_threads.py)."""
+    site, on_threads = CallSite(), blas_threads.product
+
     def product(*args):
         try:
             n = rows(*args)
         except (AttributeError, IndexError, TypeError):  # not matrices: the kernel says what is wrong
-            n = None
-        if n is not None:
-            blas_threads.for_rows(n)
-        return fn(*args)
+            return fn(*args)
+        return on_threads(site, n, fn, *args)
 
     return product
 
@@ -121,11 +122,10 @@ def _direct_mm(a, b, out) -> Optional[Step]:
         return None
     if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
         return None
-    rows, matmul, threads = _narrow(a, b), np.matmul, blas_threads.for_rows
+    rows, matmul, on_threads, site = _narrow(a, b), np.matmul, blas_threads.product, CallSite()
 
     def mm_step():
-        threads(rows)
-        matmul(a, b, out=out)
+        on_threads(site, rows, matmul, a, b, out=out)
 
     return mm_step
 

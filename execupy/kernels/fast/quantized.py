@@ -20,6 +20,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..cores import SECOND_CORE
+
 # ---------------------------------------------------------------------------- numpy reference
 
 
@@ -72,7 +74,7 @@ class PackedWeight:
     group_size: int
     k: int
     nibbles: bool
-    serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see _Cores
+    serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see kernels/cores.py
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -155,7 +157,7 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 # (numba's prange): each reads half of the weight, which two cores read faster than one, and
 # the wake-up (a few microseconds when the other core is idle) is less than the half saved.
 # Smaller ones (SmolLM2's 192x576 k/v) stay on one thread, and all do for a while after two
-# threads were slower than one on a busy machine (`_Cores`).
+# threads were slower than one on a busy machine (kernels/cores.py).
 PARALLEL_MIN_WEIGHTS = 256 * 1024
 
 
@@ -177,15 +179,15 @@ def _compile() -> Optional[dict[str, Callable]]:
             chosen = threads is None
             if chosen:
                 # a weight's first call runs on one thread: the time the second thread must beat
-                big = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1 and w.serial_s > 0
-                threads = cores if big and _other_core_idle() else 1
+                big = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1
+                threads = cores if big and _other_core_idle(w) else 1
             t0 = time.perf_counter()
             if threads > 1:
                 K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
             else:
                 K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
             if chosen:
-                _CORES.took(w, threads, time.perf_counter() - t0)
+                SECOND_CORE.took(w, threads, time.perf_counter() - t0)
             return out
         # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
         scratch = np.empty((k, min(n, BLAS_SLICE_COLUMNS)), np.float32)
@@ -205,35 +207,8 @@ def _compile() -> Optional[dict[str, Callable]]:
     return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear}
 
 
-@dataclass
-class _Cores:
-    """Whether a decode mat-vec may take a second core now: not within `BACKOFF_S` of a parallel
-    call that was slower than the same weight's last one-thread call (a weight's first call
-    runs on one thread, so there is always one to compare with). A second thread that
-    waits for a busy core costs from tens of microseconds to milliseconds per call (8 ms for a
-    1536x576 mat-vec on a loaded machine, against 0.02 ms on one thread): on a busy machine at
-    most one call per back-off pays it, on an idle one two cores stay on. (The load average
-    cannot decide it: it lags a burst by a minute, and our own spinning thread counts in it.)"""
-
-    BACKOFF_S = 5.0
-    serial_until: float = 0.0
-
-    def idle(self) -> bool:
-        return time.monotonic() >= self.serial_until
-
-    def took(self, w: PackedWeight, threads: int, seconds: float) -> None:
-        """A chosen call's time: one thread's is remembered, two threads' compared with it."""
-        if threads == 1:
-            w.serial_s = seconds
-        elif seconds > w.serial_s:
-            self.serial_until = time.monotonic() + self.BACKOFF_S
-
-
-_CORES = _Cores()
-
-
-def _other_core_idle() -> bool:
-    return _CORES.idle()
+def _other_core_idle(w: PackedWeight) -> bool:
+    return SECOND_CORE.free(w)
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
