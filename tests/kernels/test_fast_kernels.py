@@ -61,7 +61,7 @@ def test_numba_qlinear_equals_numpy_within_float32_rounding(bits, with_zeros, m)
 
 @needs_numba
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("n", [130, 1000])  # one 64-column run per thread and a short last one; several runs
+@pytest.mark.parametrize("n", [130, 1000, 4200])  # one 64-column run per thread and a short last one; several runs; wide
 def test_two_thread_mat_vec_equals_one_thread(monkeypatch, bits, n):
     """Above PARALLEL_MIN_WEIGHTS, with a core free (or when asked), decode splits the outputs
     between threads; each output is the same sum in the same order, so they agree bit for bit."""
@@ -80,7 +80,7 @@ CACHE_PROBE = """
 import json, numpy as np
 from execupy.kernels.fast import quantized as Q, quantized_jit as K
 rng = np.random.default_rng(0)
-for values in ((-100, 100), (0, 15)):  # int8 rows, then 4-bit words
+for values in ((-100, 100), (0, 15)):  # int8 words, then 4-bit words
     packed = Q.pack(rng.integers(*values, (64, 1024)).astype(np.int8), np.ones((64, 32), np.float32), None, 32)
     for m, threads in ((1, 1), (1, 2), (5, None)):  # decode on one thread and on two, then prefill
         Q.NUMBA["qlinear"](np.ones((m, 1024), np.float32), packed, threads=threads)
@@ -125,6 +125,26 @@ def test_4bit_weights_pack_eight_to_a_word_and_compute_the_same(values, nibbles,
     for impl in [Q.NUMPY] + ([Q.NUMBA] if Q.NUMBA is not None else []):
         got = impl["qlinear"](x, packed)
         assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max(axis=1, keepdims=True) + 1e-6)
+
+
+@pytest.mark.parametrize("group,rows_per_word", [(32, 4), (6, 1)])
+@pytest.mark.parametrize("n", [70, 4200])  # 4200 > WIDE_COLUMNS: four words per pass
+@pytest.mark.parametrize("m", [1, 6])
+def test_8bit_weights_pack_four_to_a_word_and_compute_the_same(group, rows_per_word, n, m):
+    """int8 weights are stored four rows to an int32 word, each byte's sign kept, when the
+    group size allows (a multiple of 4); otherwise one row per byte. Either way qlinear is x @ w.T."""
+    rng = np.random.default_rng(n + m)
+    q = rng.integers(-128, 128, (n, 96)).astype(np.int8)
+    scales = (rng.random((n, 96 // group)) * 0.05 + 1e-3).astype(np.float32)
+    zeros = rng.integers(-8, 8, (n, 96 // group)).astype(np.int8)
+    packed = Q.pack(q, scales, zeros, group)
+    assert packed.rows_per_word == rows_per_word and not packed.nibbles and packed.shape == (n, 96)
+    x = rng.standard_normal((m, 96)).astype(np.float32)
+    w = dequantized(q, scales, zeros, -128, 127, group)
+    np.testing.assert_allclose(Q.dequantize_columns(packed, 0, n), w.T, rtol=1e-6, atol=1e-6)  # q * s + (-z * s)
+    expected = x @ w.T
+    for impl in [Q.NUMPY] + ([Q.NUMBA] if Q.NUMBA is not None else []):
+        assert_within_float32_rounding(impl["qlinear"](x, packed), expected)
 
 
 @needs_numba

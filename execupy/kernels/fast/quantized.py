@@ -66,15 +66,24 @@ class PackedWeight:
     decode reads every weight byte once per token, so half the bytes is close to half the time,
     and a word's rows come out with a shift and a mask in the lane that uses them (with two
     rows per byte, widening bytes to 32-bit lanes took a shuffle per 16 weights; the words
-    made a cold 576x576 mat-vec 2x faster)."""
+    made a cold 576x576 mat-vec 2x faster). 8-bit weights go four rows to an int32 word the same
+    way (each byte sign-extended by two shifts in its lane: 1.8-2.4x on SmolLM2's small shapes);
+    only a group size that is not a multiple of 4 keeps one int8 row per input."""
 
-    qt: np.ndarray  # int8 [K, N]; with nibbles uint32 [K/8, N]: row 8i + r in bits 4r..4r+3
+    # rows_per_word 1: int8 [K, N]; 4: int32 [K/4, N], row 4i + r in byte r (signed);
+    # 8: uint32 [K/8, N], row 8i + r in bits 4r..4r+3
+    qt: np.ndarray
     scales: np.ndarray  # float32 [K / group_size, N]
     offsets: np.ndarray  # float32 [K / group_size, N]: min - zero * scale (- shift * scale for nibbles)
     group_size: int
     k: int
-    nibbles: bool
+    rows_per_word: int
     serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see kernels/cores.py
+
+    @property
+    def nibbles(self) -> bool:
+        """4-bit rows, eight to a word."""
+        return self.rows_per_word == 8
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -95,15 +104,28 @@ def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_s
     lo, hi = (int(q.min()), int(q.max())) if q.size else (0, 0)
     shift = 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None  # int4 or uint4 values
     if shift is None or group_size % 8:
-        return PackedWeight(np.ascontiguousarray(q.T), np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T),
-                            group_size, k, False)
+        return _pack_bytes(q, s, offsets, group_size)
     u = (q.T + np.int8(shift)).view(np.uint8)  # [K, N], values 0..15
     pairs = u[0::2] | (u[1::2] << np.uint8(4))  # [K/2, N]: rows 2i (low) and 2i + 1 (high) in a byte
     packed = np.zeros((k // 8, n), np.uint32)  # byte b of a word: pair 4i + b, so row 8i + r in bits 4r..4r+3
     for b in range(4):
         packed |= pairs[b::4].astype(np.uint32) << np.uint32(8 * b)
     return PackedWeight(np.ascontiguousarray(packed), np.ascontiguousarray(s.T),
-                        np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, True)
+                        np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, 8)
+
+
+def _pack_bytes(q: np.ndarray, s: np.ndarray, offsets: np.ndarray, group_size: int) -> PackedWeight:
+    """8-bit q [N, K]: four rows to an int32 word (row 4i + r in byte r) where groups allow it."""
+    n, k = q.shape
+    qt = np.ascontiguousarray(q.T)
+    if group_size % 4 == 0:
+        u = qt.view(np.uint8)
+        words = np.zeros((k // 4, n), np.uint32)
+        for r in range(4):
+            words |= u[r::4].astype(np.uint32) << np.uint32(8 * r)
+        qt = words.view(np.int32)
+    return PackedWeight(qt, np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T), group_size, k,
+                        4 if group_size % 4 == 0 else 1)
 
 
 _warm = {"done": False}
@@ -116,7 +138,7 @@ def warm_up() -> None:
     if NUMBA is None or _warm["done"]:
         return
     _warm["done"] = True  # before the pack calls below, which call back here
-    for values in ((-128, 127), (0, 15)):  # int8 rows, 4-bit words
+    for values in ((-128, 127), (0, 15)):  # int8 words, 4-bit words
         q = np.full((64, 32), values[1], np.int8)
         w = pack(q, np.ones((64, 1), np.float32), None, 32)
         for m in (1, BLAS_MIN_ROWS):
@@ -127,8 +149,13 @@ def warm_up() -> None:
 
 def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
     """The stored integers of columns j0..j1, [K, j1 - j0]."""
-    if not w.nibbles:
+    if w.rows_per_word == 1:
         return w.qt[:, j0:j1]
+    if w.rows_per_word == 4:  # each byte shifted to the top, then arithmetically down: its sign kept
+        rows = np.empty((w.k, j1 - j0), np.int8)
+        for r in range(4):
+            rows[r::4] = (w.qt[:, j0:j1] << np.int32(24 - 8 * r)) >> np.int32(24)
+        return rows
     rows = np.empty((w.k, j1 - j0), np.uint8)
     for r in range(8):
         rows[r::8] = (w.qt[:, j0:j1] >> np.uint32(4 * r)) & np.uint32(15)
@@ -183,9 +210,9 @@ def _compile() -> Optional[dict[str, Callable]]:
                 threads = cores if big and _other_core_idle(w) else 1
             t0 = time.perf_counter()
             if threads > 1:
-                K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, threads, out)
+                K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, threads, out)
             else:
-                K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.nibbles, out)
+                K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out)
             if chosen:
                 SECOND_CORE.took(w, threads, time.perf_counter() - t0)
             return out
@@ -194,7 +221,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         for j0 in range(0, n, BLAS_SLICE_COLUMNS):
             j1 = min(n, j0 + BLAS_SLICE_COLUMNS)
             part = scratch[:, : j1 - j0]
-            K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.nibbles, j0, j1, part)
+            K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, j0, j1, part)
             out[:, j0:j1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
         return out
 

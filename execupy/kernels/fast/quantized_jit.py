@@ -6,7 +6,8 @@ was compiled again in every process (0.5 s inside the first forward call per ker
 `tests/kernels/test_fast_kernels.py` checks that a second process finds every one in the cache.
 
 Layouts and arithmetic are those of `PackedWeight` (quantized.py): the weight input-major
-`qt [K, N]`, int8 or two 4-bit rows per byte, `w = q * scale + offset` per group of rows.
+`qt`: int8 rows [K, N], four int8 rows per int32 word [K/4, N] or eight 4-bit rows per uint32
+word [K/8, N] (`rows_per_word` 1, 4, 8), `w = q * scale + offset` per group of rows.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 _M4 = np.uint32(15)
 _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
+_B8, _B16, _B24 = np.int32(8), np.int32(16), np.int32(24)
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -47,6 +49,47 @@ def _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out):
     out[j0:j1] = total
 
 
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _word_dot(v, x0, x1, x2, x3):
+    # x0..x3 times the four signed bytes of an int32 word (row 4i + r in byte r): a shift up and an
+    # arithmetic shift down per byte, in the lane (the casts keep numba's shifts 32-bit)
+    return (x0 * np.float32(np.int32(np.int32(v << _B24) >> _B24)) + x1 * np.float32(np.int32(np.int32(v << _B16) >> _B24))
+            + x2 * np.float32(np.int32(np.int32(v << _B8) >> _B24)) + x3 * np.float32(np.int32(v >> _B24)))
+
+
+@numba.njit(cache=True, fastmath=True)
+def _word_columns(x, qt, scales, offsets, group_size, wide, j0, j1, out):
+    # _int8_columns on four int8 rows per int32 word (group_size % 4 == 0): one 32-bit load and
+    # four shift pairs where four byte rows took four loads and a byte-widening shuffle each
+    # (2x on SmolLM2's 576..1536-column shapes). `wide` weights (the 49152-column head) take four
+    # words per pass, which quarters the passes over running sums that no longer sit in L1.
+    n = j1 - j0
+    total = np.zeros(n, np.float32)
+    acc = np.empty(n, np.float32)
+    for g in range(qt.shape[0] * 4 // group_size):
+        acc[:] = 0
+        b, end = g * group_size // 4, (g + 1) * group_size // 4
+        while wide and b + 4 <= end:
+            c = 4 * b
+            w0, w1, w2, w3 = qt[b, j0:j1], qt[b + 1, j0:j1], qt[b + 2, j0:j1], qt[b + 3, j0:j1]
+            for j in range(n):
+                acc[j] += (_word_dot(w0[j], x[c], x[c + 1], x[c + 2], x[c + 3])
+                           + _word_dot(w1[j], x[c + 4], x[c + 5], x[c + 6], x[c + 7])
+                           + _word_dot(w2[j], x[c + 8], x[c + 9], x[c + 10], x[c + 11])
+                           + _word_dot(w3[j], x[c + 12], x[c + 13], x[c + 14], x[c + 15]))
+            b += 4
+        while b < end:
+            c = 4 * b
+            x0, x1, x2, x3, row = x[c], x[c + 1], x[c + 2], x[c + 3], qt[b, j0:j1]
+            for j in range(n):
+                acc[j] += _word_dot(row[j], x0, x1, x2, x3)
+            b += 1
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
+        for j in range(n):
+            total[j] += acc[j] * sg[j] + og[j] * xs
+    out[j0:j1] = total
+
+
 @numba.njit(cache=True, fastmath=True)
 def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
     # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
@@ -72,23 +115,31 @@ def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
     out[j0:j1] = total
 
 
+# Above this many outputs a word weight's running sums leave L1 and `_word_columns` takes four
+# words per pass (at 8192 columns and more that was faster, at 4096 and fewer slower). Decided on
+# the whole weight, not a thread's share, so one and two threads add in the same order.
+WIDE_COLUMNS = 4096
+
+
 @numba.njit(cache=True)
-def _columns(x, qt, scales, offsets, group_size, nibbles, j0, j1, out):
-    if nibbles:
+def _columns(x, qt, scales, offsets, group_size, rows_per_word, j0, j1, out):
+    if rows_per_word == 8:
         _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out)
+    elif rows_per_word == 4:
+        _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, j0, j1, out)
     else:
         _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out)
 
 
 @numba.njit(cache=True)
-def matvec(x, qt, scales, offsets, group_size, nibbles, out):
+def matvec(x, qt, scales, offsets, group_size, rows_per_word, out):
     """out[r] = x[r] @ w.T for each (few) row r, one thread: every weight byte read once per row."""
     for r in range(x.shape[0]):
-        _columns(x[r], qt, scales, offsets, group_size, nibbles, 0, out.shape[1], out[r])
+        _columns(x[r], qt, scales, offsets, group_size, rows_per_word, 0, out.shape[1], out[r])
 
 
 @numba.njit(cache=True, parallel=True)
-def matvec_parallel(x, qt, scales, offsets, group_size, nibbles, blocks, out):
+def matvec_parallel(x, qt, scales, offsets, group_size, rows_per_word, blocks, out):
     """`matvec` with the outputs cut into `blocks` runs of columns, one per thread; a run is a
     multiple of 64 columns, so no two threads write into one cache line."""
     n = out.shape[1]
@@ -98,18 +149,30 @@ def matvec_parallel(x, qt, scales, offsets, group_size, nibbles, blocks, out):
             j0 = b * width
             j1 = min(n, j0 + width)
             if j0 < j1:
-                _columns(x[r], qt, scales, offsets, group_size, nibbles, j0, j1, out[r])
+                _columns(x[r], qt, scales, offsets, group_size, rows_per_word, j0, j1, out[r])
 
 
 @numba.njit(cache=True, fastmath=True)
-def dequantize_columns(qt, scales, offsets, group_size, nibbles, j0, j1, dst):
+def dequantize_columns(qt, scales, offsets, group_size, rows_per_word, j0, j1, dst):
     """dst [K, j1 - j0] = columns j0..j1 of the float32 transposed weight."""
-    if not nibbles:
+    if rows_per_word == 1:
         for c in range(qt.shape[0]):
             g = c // group_size
             q, sg, og, row = qt[c, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[c]
             for j in range(j1 - j0):
                 row[j] = np.float32(q[j]) * sg[j] + og[j]
+        return
+    if rows_per_word == 4:
+        for b in range(qt.shape[0]):
+            g = 4 * b // group_size  # a word's four rows share a group (group_size % 4 == 0)
+            q, sg, og = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1]
+            d0, d1, d2, d3 = dst[4 * b], dst[4 * b + 1], dst[4 * b + 2], dst[4 * b + 3]
+            for j in range(j1 - j0):
+                v, s, o = q[j], sg[j], og[j]
+                d0[j] = np.float32(np.int32(np.int32(v << _B24) >> _B24)) * s + o
+                d1[j] = np.float32(np.int32(np.int32(v << _B16) >> _B24)) * s + o
+                d2[j] = np.float32(np.int32(np.int32(v << _B8) >> _B24)) * s + o
+                d3[j] = np.float32(np.int32(v >> _B24)) * s + o
         return
     for b in range(qt.shape[0]):
         g = 8 * b // group_size  # a word's eight rows share a group (group_size % 8 == 0)
