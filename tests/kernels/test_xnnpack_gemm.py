@@ -60,3 +60,27 @@ def test_quantize_rows_numba_equals_numpy():
     dequantized = (q.astype(np.float32) - zp[:, None]) * scale[:, None]
     assert scale[3] == 1 and not dequantized[3].any()  # a row of zeros: scale 1, zeros back
     np.testing.assert_allclose(dequantized, rows, atol=float(scale.max()) / 2 * 1.0001)
+
+
+CACHE_PROBE = """
+import numpy as np
+from execupy.kernels.fast import xnnpack_gemm as XG, xnnpack_gemm_jit as K
+rng = np.random.default_rng(0)
+q, scale, zp = XG.NUMBA["quantize_rows"](rng.standard_normal((3, 64)).astype(np.float32))
+packed = XG.pack_blockwise(rng.integers(-8, 8, (300, 64)).astype(np.int8), np.ones((300, 2), np.float32))
+for parallel_min in (10 ** 12, 0):  # one thread, then every thread
+    XG.PARALLEL_MIN_MACS = parallel_min
+    XG.NUMBA["blockwise"](q, zp, scale, packed, None)
+XG.NUMBA["channelwise"](q, zp, scale, rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
+"""
+
+
+def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
+    """Compiled once per machine, not once per process (a kernel that missed the disk cache was
+    compiled again inside the first forward call, 0.25-0.7 s)."""
+    from tests.numba_cache import two_processes_cache_stats
+
+    first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
+    assert set(first) == {"blockwise_serial", "blockwise_parallel", "channelwise", "quantize_rows"}
+    assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
+    assert all(hits > 0 and misses == 0 for hits, misses in second.values())
