@@ -34,7 +34,8 @@ def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     np.testing.assert_array_equal(ours, reference)
 
 
-@pytest.mark.parametrize("m, n, k, bits", [(1, 33, 64, 8), (4, 40, 576, 8), (3, 10, 64, 4)])
+@pytest.mark.parametrize("m, n, k, bits", [(1, 33, 64, 8), (4, 40, 576, 8), (3, 10, 64, 4),
+                                           (16, 48, 300, 8), (130, 70, 1100, 8)])  # the last two on BLAS
 def test_channelwise_numba_equals_numpy(m, n, k, bits):
     rng = np.random.default_rng(m + n + k)
     q, zp, scale = _activations(rng, m, k)
@@ -44,6 +45,18 @@ def test_channelwise_numba_equals_numpy(m, n, k, bits):
     bias = rng.standard_normal(n).astype(np.float32)
     ours = XG.NUMBA["channelwise"](q, zp, scale, w, w_scale, bias)
     np.testing.assert_array_equal(ours, XG.NUMPY["channelwise"](q, zp, scale, w, w_scale, bias))
+
+
+def test_channelwise_blas_sums_stay_exact_at_the_largest_terms():
+    """Every term 255 * -128 (or 255 * 127): the float32 BLAS runs must still sum exactly."""
+    m, n, k = 9, 5, 1500
+    q = np.full((m, k), 127, np.int8)
+    zp = np.full(m, -128, np.int32)
+    w = np.where(np.arange(n)[:, None] % 2 == 0, -128, 127).astype(np.int8).repeat(k, axis=1)
+    sums = XG.channelwise_sums_blas(q, zp, w)
+    exact = (q.astype(np.int64) - zp[:, None]) @ w.astype(np.int64).T
+    np.testing.assert_array_equal(sums.astype(np.int64), exact.astype(np.float32).astype(np.int64))
+    assert abs(int(exact.min())) > 2 ** 24  # the whole sum is past float32's integers; each run is not
 
 
 def test_quantize_rows_numba_equals_numpy():

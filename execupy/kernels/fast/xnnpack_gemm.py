@@ -40,6 +40,12 @@ PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
 F32, F64 = np.float32, np.float64
 KSUM_CHUNK = 16  # inputs per packed-weight chunk of XNNPACK's x86 qb4w kernels (kr = 8, two nibble planes)
 UNSIGNED_OFFSET = 128  # qdu8: activations and zero points stored as uint8
+# Inputs per float32 BLAS product in channelwise_sums_blas: 512 * 255 * 128 < 2**24.
+BLAS_EXACT_INPUTS = 512
+# From this many rows on the qd8 x qc8w product runs on BLAS (a prompt, an encoder's tokens): a
+# numba kernel's worker threads left spinning after it slowed the BLAS products between (a BERT
+# forward: 0.44 s with them, 0.05 s on one thread each); fewer rows keep the numba kernel.
+CHANNELWISE_BLAS_MIN_ROWS = 8
 TILE = 256  # output channels per weight tile: the compiled kernel's block sums for a tile stay in L1
 
 
@@ -125,6 +131,19 @@ def gemm_channelwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w
     return _fma(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
 
 
+def channelwise_sums_blas(q: np.ndarray, zp: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The int32 sums sum_k (q[r,k] - zp[r]) * w[c,k], exact, from float32 BLAS products over runs
+    of BLAS_EXACT_INPUTS inputs: a term is at most 255 * 128 in size, so any partial sum of such a
+    run is an integer below 2**24, exact in float32 whatever order BLAS adds in. float32 [M, N]."""
+    a = q.astype(F32) - zp.astype(F32)[:, None]
+    k = q.shape[1]
+    acc = None
+    for i in range(0, k, BLAS_EXACT_INPUTS):
+        part = a[:, i:i + BLAS_EXACT_INPUTS] @ w[:, i:i + BLAS_EXACT_INPUTS].astype(F32).T
+        acc = part if acc is None else acc + part.astype(F64)  # the runs' total may pass 2**24
+    return acc.astype(F32)
+
+
 NUMPY: dict[str, Callable] = {"blockwise": gemm_blockwise_numpy, "channelwise": gemm_channelwise_numpy,
                               "quantize_rows": quantize_rows_numpy}
 
@@ -160,6 +179,9 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
         m, n = q.shape[0], w.shape[0]
+        if m >= CHANNELWISE_BLAS_MIN_ROWS:
+            scaled = channelwise_sums_blas(q, zp, w) * x_scale.astype(F32)[:, None]
+            return _fma(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
         out = np.empty((m, n), F32)
         K.channelwise(np.ascontiguousarray(q), zp.astype(np.int32), x_scale.astype(F32), np.ascontiguousarray(w, np.int8),
                      w_scale.astype(F32), np.zeros(n, F32) if bias is None else bias.astype(F32), out)
