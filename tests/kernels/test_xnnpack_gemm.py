@@ -84,7 +84,9 @@ packed = XG.pack_blockwise(rng.integers(-8, 8, (300, 64)).astype(np.int8), np.on
 for parallel_min in (10 ** 12, 0):  # one thread, then every thread
     XG.PARALLEL_MIN_MACS = parallel_min
     XG.NUMBA["blockwise"](q, zp, scale, packed, None)
-XG.NUMBA["channelwise"](q, zp, scale, rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
+for rows in (3, 8):  # the numba kernel, then BLAS sums scaled by numba
+    XG.NUMBA["channelwise"](q.repeat(3, axis=0)[:rows], zp.repeat(3)[:rows], scale.repeat(3)[:rows],
+                            rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
 """
 
 
@@ -94,6 +96,6 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"blockwise_serial", "blockwise_parallel", "channelwise", "quantize_rows"}
+    assert set(first) == {"blockwise_serial", "blockwise_parallel", "channelwise", "scale_sums", "quantize_rows"}
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

@@ -179,12 +179,13 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
         m, n = q.shape[0], w.shape[0]
-        if m >= CHANNELWISE_BLAS_MIN_ROWS:
-            scaled = channelwise_sums_blas(q, zp, w) * x_scale.astype(F32)[:, None]
-            return _fma(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
         out = np.empty((m, n), F32)
+        bias = np.zeros(n, F32) if bias is None else bias.astype(F32)
+        if m >= CHANNELWISE_BLAS_MIN_ROWS:
+            K.scale_sums(channelwise_sums_blas(q, zp, w), x_scale.astype(F32), w_scale.astype(F32), bias, out)
+            return out
         K.channelwise(np.ascontiguousarray(q), zp.astype(np.int32), x_scale.astype(F32), np.ascontiguousarray(w, np.int8),
-                     w_scale.astype(F32), np.zeros(n, F32) if bias is None else bias.astype(F32), out)
+                     w_scale.astype(F32), bias, out)
         return out
 
     return {"blockwise": blockwise, "channelwise": channelwise, "quantize_rows": quantize_rows}
