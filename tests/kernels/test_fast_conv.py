@@ -129,3 +129,26 @@ def test_gelu_compiled_path_declines_what_it_does_not_cover():
     assert fast_gelu.gelu(x.astype(np.float64), np.empty((4, 6))) is None
     assert fast_gelu.gelu(x[:, ::2], np.empty((4, 3), np.float32)) is None  # strided input: numpy path
     assert fast_gelu.gelu(x, np.empty((4, 6), np.float32)) is not None
+
+
+CACHE_PROBE = """
+import numpy as np
+from execupy.kernels.fast import conv as FC, conv_jit as K
+x = np.ones((1, 2, 6, 6), np.float32)
+FC.NUMBA["depthwise_nchw"](x, np.ones((2, 3, 3), np.float32), (1, 1), (1, 1), np.empty((1, 2, 4, 4), np.float32))
+FC.NUMBA["depthwise_nhwc"](x.transpose(0, 2, 3, 1).copy(), np.ones((3, 3, 2), np.float32), (1, 1), (1, 1), (1, 1, 1, 1),
+                           0, np.empty((1, 6, 6, 2), np.float32))
+FC.NUMBA["requantize"](np.ones((2, 3), np.int32), np.zeros(3, np.float32), np.ones(3, np.float32), 0, -128, 127,
+                       np.empty((2, 3), np.float32))
+"""
+
+
+def test_a_second_process_finds_every_conv_kernel_in_numbas_cache(tmp_path):
+    """Compiled once per machine: the depthwise kernels call inlined helpers, which as closures
+    made them miss numba's disk cache in every new process."""
+    from tests.numba_cache import two_processes_cache_stats
+
+    first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
+    assert set(first) == {"nchw", "nhwc", "requantize_rows"}
+    assert all(misses > 0 for _, misses in first.values())
+    assert all(hits > 0 and misses == 0 for hits, misses in second.values())

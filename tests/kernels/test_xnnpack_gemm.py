@@ -34,7 +34,8 @@ def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     np.testing.assert_array_equal(ours, reference)
 
 
-@pytest.mark.parametrize("m, n, k, bits", [(1, 33, 64, 8), (4, 40, 576, 8), (3, 10, 64, 4)])
+@pytest.mark.parametrize("m, n, k, bits", [(1, 33, 64, 8), (4, 40, 576, 8), (3, 10, 64, 4),
+                                           (16, 48, 300, 8), (130, 70, 1100, 8)])  # the last two on BLAS
 def test_channelwise_numba_equals_numpy(m, n, k, bits):
     rng = np.random.default_rng(m + n + k)
     q, zp, scale = _activations(rng, m, k)
@@ -44,6 +45,18 @@ def test_channelwise_numba_equals_numpy(m, n, k, bits):
     bias = rng.standard_normal(n).astype(np.float32)
     ours = XG.NUMBA["channelwise"](q, zp, scale, w, w_scale, bias)
     np.testing.assert_array_equal(ours, XG.NUMPY["channelwise"](q, zp, scale, w, w_scale, bias))
+
+
+def test_channelwise_blas_sums_stay_exact_at_the_largest_terms():
+    """Every term 255 * -128 (or 255 * 127): the float32 BLAS runs must still sum exactly."""
+    m, n, k = 9, 5, 1500
+    q = np.full((m, k), 127, np.int8)
+    zp = np.full(m, -128, np.int32)
+    w = np.where(np.arange(n)[:, None] % 2 == 0, -128, 127).astype(np.int8).repeat(k, axis=1)
+    sums = XG.channelwise_sums_blas(q, zp, w)
+    exact = (q.astype(np.int64) - zp[:, None]) @ w.astype(np.int64).T
+    np.testing.assert_array_equal(sums.astype(np.int64), exact.astype(np.float32).astype(np.int64))
+    assert abs(int(exact.min())) > 2 ** 24  # the whole sum is past float32's integers; each run is not
 
 
 def test_quantize_rows_numba_equals_numpy():
@@ -60,3 +73,29 @@ def test_quantize_rows_numba_equals_numpy():
     dequantized = (q.astype(np.float32) - zp[:, None]) * scale[:, None]
     assert scale[3] == 1 and not dequantized[3].any()  # a row of zeros: scale 1, zeros back
     np.testing.assert_allclose(dequantized, rows, atol=float(scale.max()) / 2 * 1.0001)
+
+
+CACHE_PROBE = """
+import numpy as np
+from execupy.kernels.fast import xnnpack_gemm as XG, xnnpack_gemm_jit as K
+rng = np.random.default_rng(0)
+q, scale, zp = XG.NUMBA["quantize_rows"](rng.standard_normal((3, 64)).astype(np.float32))
+packed = XG.pack_blockwise(rng.integers(-8, 8, (300, 64)).astype(np.int8), np.ones((300, 2), np.float32))
+for parallel_min in (10 ** 12, 0):  # one thread, then every thread
+    XG.PARALLEL_MIN_MACS = parallel_min
+    XG.NUMBA["blockwise"](q, zp, scale, packed, None)
+for rows in (3, 8):  # the numba kernel, then BLAS sums scaled by numba
+    XG.NUMBA["channelwise"](q.repeat(3, axis=0)[:rows], zp.repeat(3)[:rows], scale.repeat(3)[:rows],
+                            rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
+"""
+
+
+def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
+    """Compiled once per machine, not once per process (a kernel that missed the disk cache was
+    compiled again inside the first forward call, 0.25-0.7 s)."""
+    from tests.numba_cache import two_processes_cache_stats
+
+    first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
+    assert set(first) == {"blockwise_serial", "blockwise_parallel", "channelwise", "scale_sums", "quantize_rows"}
+    assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
+    assert all(hits > 0 and misses == 0 for hits, misses in second.values())

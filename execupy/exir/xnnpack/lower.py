@@ -286,12 +286,13 @@ def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias
     if quantized is not None:
         src, weight = quantized
         filt = g.quantized_filter(weight)
+        src = g.value(src) if _dims(src) == _dims(x) else g.reshape(g.value(src), _dims(x))  # rows of a view
         bias_id = NO_VALUE
         fused_bias = bias is not None and bias in g.constants and g.constants[bias].dim() == 1
         if fused_bias:
             bias_id = g.constant(g.constants[bias].detach().float().numpy())
         out = g.result(node) if bias is None or fused_bias else g.temp(_dims(node))
-        g.add("FullyConnected", input1_id=g.dynamic_quantized(g.value(src)), filter_id=filt, bias_id=bias_id,
+        g.add("FullyConnected", input1_id=g.dynamic_quantized(src), filter_id=filt, bias_id=bias_id,
               output_id=out)
         if bias is None or fused_bias:
             return
@@ -319,7 +320,10 @@ def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias
 
 def per_token_round_trip(x: Any) -> Optional[torch.fx.Node]:
     """The float source of dequantize_per_token(quantize_per_token(src, s, zp), s, zp) with s, zp
-    from choose_qparams_per_token_asymmetric(src): int8 activations per token (qd8)."""
+    from choose_qparams_per_token_asymmetric(src): int8 activations per token (qd8). A view of
+    one counts too: a linear on [B, T, K] activations reads them as [B * T, K] rows (BERT)."""
+    if isinstance(x, torch.fx.Node) and x.target is aten.view.default:
+        x = x.args[0]
     if not isinstance(x, torch.fx.Node) or x.target is not qd.dequantize_per_token.default:
         return None
     quant = x.args[0]
@@ -985,8 +989,16 @@ def _qd8_part_ok(node: torch.fx.Node, is_const: IsConst) -> bool:
     if node.target is qd.quantize_per_token.default:
         return all(_qd8_part_ok(u, is_const) for u in node.users)
     if node.target is qd.dequantize_per_token.default:
-        return per_token_round_trip(node) is not None and all(_is_qd8_matmul(u) for u in node.users)
+        return per_token_round_trip(node) is not None and all(_is_qd8_matmul(u) or is_qd8_rows(u) for u in node.users)
     return False
+
+
+def is_qd8_rows(node: torch.fx.Node) -> bool:
+    """A view of a dequantize_per_token read only by qd8 linears: the linear quantizes its float
+    source itself, so the view is not emitted (the linear reshapes the source to its rows)."""
+    return (node.target is aten.view.default and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].target is qd.dequantize_per_token.default and bool(node.users)
+            and all(_is_qd8_matmul(u) for u in node.users))
 
 
 def _is_static_matmul(node: torch.fx.Node, is_const: IsConst) -> bool:
@@ -1025,7 +1037,8 @@ def build_graph(gm: torch.fx.GraphModule) -> XGraph:
         if node.op == "placeholder":
             g.input(node)
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node in consts or node.target is operator.getitem or node.target in QD8_PARTS:
+        if (node.op != "call_function" or node in consts or node.target is operator.getitem or node.target in QD8_PARTS
+                or is_qd8_rows(node)):
             continue
         g.debug_handle = node.meta.get("debug_handle") or NO_DEBUG_HANDLE
         g.float_type = _float_type(node)

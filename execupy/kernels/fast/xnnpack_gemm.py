@@ -40,6 +40,12 @@ PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
 F32, F64 = np.float32, np.float64
 KSUM_CHUNK = 16  # inputs per packed-weight chunk of XNNPACK's x86 qb4w kernels (kr = 8, two nibble planes)
 UNSIGNED_OFFSET = 128  # qdu8: activations and zero points stored as uint8
+# Inputs per float32 BLAS product in channelwise_sums_blas: 512 * 255 * 128 < 2**24.
+BLAS_EXACT_INPUTS = 512
+# From this many rows on the qd8 x qc8w product runs on BLAS (a prompt, an encoder's tokens): a
+# numba kernel's worker threads left spinning after it slowed the BLAS products between (a BERT
+# forward: 0.44 s with them, 0.05 s on one thread each); fewer rows keep the numba kernel.
+CHANNELWISE_BLAS_MIN_ROWS = 8
 TILE = 256  # output channels per weight tile: the compiled kernel's block sums for a tile stay in L1
 
 
@@ -125,6 +131,19 @@ def gemm_channelwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w
     return _fma(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
 
 
+def channelwise_sums_blas(q: np.ndarray, zp: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The int32 sums sum_k (q[r,k] - zp[r]) * w[c,k], exact, from float32 BLAS products over runs
+    of BLAS_EXACT_INPUTS inputs: a term is at most 255 * 128 in size, so any partial sum of such a
+    run is an integer below 2**24, exact in float32 whatever order BLAS adds in. float32 [M, N]."""
+    a = q.astype(F32) - zp.astype(F32)[:, None]
+    k = q.shape[1]
+    acc = None
+    for i in range(0, k, BLAS_EXACT_INPUTS):
+        part = a[:, i:i + BLAS_EXACT_INPUTS] @ w[:, i:i + BLAS_EXACT_INPUTS].astype(F32).T
+        acc = part if acc is None else acc + part.astype(F64)  # the runs' total may pass 2**24
+    return acc.astype(F32)
+
+
 NUMPY: dict[str, Callable] = {"blockwise": gemm_blockwise_numpy, "channelwise": gemm_channelwise_numpy,
                               "quantize_rows": quantize_rows_numpy}
 
@@ -134,91 +153,15 @@ NUMPY: dict[str, Callable] = {"blockwise": gemm_blockwise_numpy, "channelwise": 
 def _compile() -> Optional[dict[str, Callable]]:
     try:
         import numba
+
+        from . import xnnpack_gemm_jit as K
     except ImportError:
         return None
-
-    @numba.njit(cache=True)
-    def _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t):
-        # Output channels of tile t, every row. Each block's sum runs across the tile's
-        # channels (vectorizable), then joins v with one fma. Rows are sliced to the tile
-        # first: indexing with c0 + j would make numba check for negative indices, which stops
-        # LLVM from vectorizing (10x slower). A block's sum is an integer: a (q + 128, int16)
-        # times the 4-bit weights, two inputs at a time in int16 (2 * 255 * 8 fits), added up
-        # in int32; exact, so equal to the numpy reference's float32 sums (below 2**24), and
-        # 15-35% faster than summing in float32. Blocks are a multiple of 16 inputs.
-        m, k = a.shape
-        c0 = t * TILE
-        tile = tiles[t]
-        acc = np.empty(TILE, np.int32)
-        v = np.empty(TILE, np.float32)
-        ks, bs = ksum[c0:c0 + TILE], bias[c0:c0 + TILE]
-        for r in range(m):
-            for j in range(TILE):
-                v[j] = ks[j] * zp[r]
-            for b in range(k // block):
-                acc[:] = 0
-                for i in range(b * block, (b + 1) * block, 2):
-                    a0, a1, row0, row1 = a[r, i], a[r, i + 1], tile[i], tile[i + 1]
-                    for j in range(TILE):
-                        acc[j] += np.int32(a0 * np.int16(row0[j]) + a1 * np.int16(row1[j]))
-                sb = scales[b, c0:c0 + TILE]
-                for j in range(TILE):
-                    v[j] = np.float32(np.float64(v[j]) + np.float64(np.float32(acc[j])) * np.float64(sb[j]))
-            o = out[r, c0:c0 + TILE]
-            for j in range(TILE):
-                o[j] = np.float32(v[j] * x_scale[r]) + bs[j]
-
-    @numba.njit(cache=True)
-    def _blockwise_serial(a, zp, x_scale, tiles, scales, ksum, bias, block, out):
-        for t in range(tiles.shape[0]):
-            _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t)
-
-    @numba.njit(parallel=True, cache=True)
-    def _blockwise_parallel(a, zp, x_scale, tiles, scales, ksum, bias, block, out):
-        for t in numba.prange(tiles.shape[0]):
-            _blockwise_tile(a, zp, x_scale, tiles, scales, ksum, bias, block, out, t)
-
-    @numba.njit(parallel=True, cache=True)
-    def _channelwise(q, zp, x_scale, w, w_scale, bias, out):
-        m, k = q.shape
-        n = w.shape[0]
-        for c in numba.prange(n):
-            for r in range(m):
-                acc = np.int32(0)
-                for i in range(k):
-                    acc += np.int32(q[r, i]) * np.int32(w[c, i])
-                wsum = np.int32(0)
-                for i in range(k):
-                    wsum += np.int32(w[c, i])
-                acc -= np.int32(zp[r]) * wsum
-                scaled = np.float32(np.float32(acc) * x_scale[r])
-                out[r, c] = np.float32(np.float64(scaled) * np.float64(w_scale[c]) + np.float64(bias[c]))
-
-    @numba.njit(cache=True)
-    def _quantize_rows(x, q, scale, zero):
-        m, k = x.shape
-        for r in range(m):
-            lo, hi = np.float32(0), np.float32(0)
-            for i in range(k):
-                lo = min(lo, x[r, i])
-                hi = max(hi, x[r, i])
-            inv = np.float32(1) if lo == hi else np.float32(np.float32(255) / np.float32(hi - lo))
-            lo_scaled, hi_scaled = np.float32(lo * inv), np.float32(hi * inv)
-            if np.float32(np.float32(-128) + lo_scaled) + np.float32(np.float32(127) + hi_scaled) > 0:
-                z = np.float32(np.float32(-128) - lo_scaled)
-            else:
-                z = np.float32(np.float32(127) - hi_scaled)
-            zf = np.rint(min(max(z, np.float32(-128)), np.float32(127)))
-            for i in range(k):
-                v = np.rint(np.float32(x[r, i] * inv)) + zf
-                q[r, i] = np.int8(min(max(v, np.float32(-128)), np.float32(127)))
-            scale[r] = np.float32(1) / inv
-            zero[r] = np.int32(zf)
 
     def quantize_rows(x):
         m = x.shape[0]
         q, scale, zero = np.empty(x.shape, np.int8), np.empty(m, F32), np.empty(m, np.int32)
-        _quantize_rows(np.ascontiguousarray(x, F32), q, scale, zero)
+        K.quantize_rows(np.ascontiguousarray(x, F32), q, scale, zero)
         return q, scale, zero
 
     def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
@@ -228,8 +171,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         padded_bias = np.zeros(n_tiles * TILE, F32)
         if bias is not None:
             padded_bias[:w.n] = bias
-        run = _blockwise_parallel if m * w.n * k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1 else \
-            _blockwise_serial
+        run = K.blockwise_parallel if m * w.n * k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1 else \
+            K.blockwise_serial
         run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale.astype(F32), w.tiles, w.scales, w.ksum, padded_bias,
             w.block, out)
         return out[:, :w.n]
@@ -237,8 +180,12 @@ def _compile() -> Optional[dict[str, Callable]]:
     def channelwise(q, zp, x_scale, w, w_scale, bias):
         m, n = q.shape[0], w.shape[0]
         out = np.empty((m, n), F32)
-        _channelwise(np.ascontiguousarray(q), zp.astype(np.int32), x_scale.astype(F32), np.ascontiguousarray(w, np.int8),
-                     w_scale.astype(F32), np.zeros(n, F32) if bias is None else bias.astype(F32), out)
+        bias = np.zeros(n, F32) if bias is None else bias.astype(F32)
+        if m >= CHANNELWISE_BLAS_MIN_ROWS:
+            K.scale_sums(channelwise_sums_blas(q, zp, w), x_scale.astype(F32), w_scale.astype(F32), bias, out)
+            return out
+        K.channelwise(np.ascontiguousarray(q), zp.astype(np.int32), x_scale.astype(F32), np.ascontiguousarray(w, np.int8),
+                     w_scale.astype(F32), bias, out)
         return out
 
     return {"blockwise": blockwise, "channelwise": channelwise, "quantize_rows": quantize_rows}
