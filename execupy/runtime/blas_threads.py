@@ -67,6 +67,17 @@ def _find() -> Optional[_OpenBLAS]:
 _BLAS = _find()
 
 
+def narrow(a, b) -> int:
+    """The smaller outer size of a @ b (batch included): a mat-vec has 1 whichever side the vector is."""
+    batch = a.size // (a.shape[-2] * a.shape[-1]) if a.shape[-2] and a.shape[-1] else 1
+    return batch * min(a.shape[-2], b.shape[-1])
+
+
+def matmul(site: CallSite, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b on the threads `narrow(a, b)` rows and the other core allow."""
+    return product(site, narrow(a, b), np.matmul, a, b)
+
+
 def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) -> T:
     """fn(*args, **kwargs), a BLAS product of `rows` rows made at `site`, on the threads described above."""
     if _BLAS is None:

@@ -81,18 +81,12 @@ MAX_SHAPE_PLANS = 8  # per method: decode plus a few prefill lengths
 _SHAPE_INT_OPS = frozenset({"aten::sym_size.int", "aten::sym_numel"})
 
 
-def _narrow(a, b) -> int:
-    """The smaller outer size of a @ b (batch included): a mat-vec has 1 whichever side the vector is."""
-    batch = a.size // (a.shape[-2] * a.shape[-1]) if a.shape[-2] and a.shape[-1] else 1
-    return batch * min(a.shape[-2], b.shape[-1])
-
-
 # BLAS products -> the size that says how much a second thread can help (blas_threads.py)
 _BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
-    "aten::mm.out": lambda a, b, *_: _narrow(a, b),
-    "aten::bmm.out": lambda a, b, *_: _narrow(a, b),
-    "aten::addmm.out": lambda bias, a, b, *_: _narrow(a, b),
-    "aten::baddbmm.out": lambda bias, a, b, *_: _narrow(a, b),
+    "aten::mm.out": lambda a, b, *_: blas_threads.narrow(a, b),
+    "aten::bmm.out": lambda a, b, *_: blas_threads.narrow(a, b),
+    "aten::addmm.out": lambda bias, a, b, *_: blas_threads.narrow(a, b),
+    "aten::baddbmm.out": lambda bias, a, b, *_: blas_threads.narrow(a, b),
     "aten::linear.out": lambda x, *_: x.size // x.shape[-1] if x.shape[-1] else 1,
 }
 
@@ -122,7 +116,7 @@ def _direct_mm(a, b, out) -> Optional[Step]:
         return None
     if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
         return None
-    rows, matmul, on_threads, site = _narrow(a, b), np.matmul, blas_threads.product, CallSite()
+    rows, matmul, on_threads, site = blas_threads.narrow(a, b), np.matmul, blas_threads.product, CallSite()
 
     def mm_step():
         on_threads(site, rows, matmul, a, b, out=out)

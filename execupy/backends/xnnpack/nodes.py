@@ -22,11 +22,13 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...errors import MalformedProgramError, UnsupportedOperatorError
+from ...kernels.cores import CallSite
 from ...kernels.fast import conv as FC
 from ...kernels.fast import xnnpack_gemm as XG
 from ...kernels.portable.conv import conv_output_size, convolution
 from ...kernels.portable.pool import avg_pool2d, max_pool2d_with_indices
 from ...kernels.registry import get_kernel
+from ...runtime import blas_threads
 from . import quant as Q
 from . import vmath
 from .schema import NO_VALUE, Node
@@ -288,8 +290,8 @@ def _concatenate(node: Node, g) -> Step:
 
 
 def _batch_matmul(node: Node, g) -> Step:
-    transpose_b = bool(node.fields["flags"] & TRANSPOSE_WEIGHTS)
-    return _binary(lambda a, b: np.matmul(a, np.swapaxes(b, -1, -2) if transpose_b else b))(node, g)
+    transpose_b, site = bool(node.fields["flags"] & TRANSPOSE_WEIGHTS), CallSite()
+    return _binary(lambda a, b: blas_threads.matmul(site, a, np.swapaxes(b, -1, -2) if transpose_b else b))(node, g)
 
 
 def _sdpa(node: Node, g) -> Step:
@@ -341,10 +343,10 @@ def _fully_connected(node: Node, g) -> Step:
             f"XnnpackBackend: FullyConnected with {x_val.datatype} input and {w_val.datatype} filter")
     wt = np.ascontiguousarray(w.astype(F32).T)
     bias = g.loader(b_id) if has_bias else None
-    load, store = g.loader(x_id), g.storer(out, node)
+    load, store, site = g.loader(x_id), g.storer(out, node), CallSite()
 
     def step(vals: list) -> None:
-        y = np.matmul(load(vals), wt)
+        y = blas_threads.matmul(site, load(vals), wt)
         if bias is not None:
             y += bias(vals)
         vals[out] = store(y)
