@@ -108,9 +108,9 @@ def printable(text: bytes) -> bytes:
 
 def test_gguf_q4_1_linears_are_quantized_again_symmetric_with_a_warning(tmp_path):
     """XNNPACK's 4-bit filters are symmetric: Q4_1 blocks (with a minimum) cannot be kept as
-    they are, Q4_0 blocks can. Every layer's linear still becomes a qd8 x qb4w node; the tied
-    head, Q8_0 in the file, keeps its blocks as int8 groups of 32 (docs/quantized-llm.md), which
-    no XNNPACK node holds, so it stays on portable kernels."""
+    they are, Q4_0 blocks can. Every layer's linear still becomes a qd8 x qb4w node; so does the
+    tied head, Q8_0 in the file (int8 groups of 32, which no XNNPACK filter holds), with a
+    warning of its own."""
     import gguf
 
     from execupy.llm.export import export_llm
@@ -129,4 +129,5 @@ def test_gguf_q4_1_linears_are_quantized_again_symmetric_with_a_warning(tmp_path
                             group_size=32)
     message = next(str(r.message) for r in record if "Q4_1" in str(r.message))
     assert message.split(":")[1].split()[0] == str(len(linears) - 1)
-    assert fully_connected_datatypes(result.pte_path) == [("qdint8", "qbint4")] * len(linears)
+    assert fully_connected_datatypes(result.pte_path) == [("qdint8", "qbint4")] * (len(linears) + 1)
+    assert any("kept GGUF Q8_0 blocks" in str(r.message) for r in record)
