@@ -107,7 +107,7 @@ def test_portable_convolution_same_with_and_without_compiled_depthwise(groups_ca
         return convolution(x, w, b, stride, (1, 1), (1, 1), False, (), groups, out).copy()
 
     compiled = run()
-    monkeypatch.setattr(portable_conv.fast_conv, "BACKEND", "numpy")
+    monkeypatch.setattr(FC, "BACKEND", "numpy")
     np.testing.assert_array_equal(compiled.view(np.uint32), run().view(np.uint32))
 
 

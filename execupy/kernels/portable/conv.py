@@ -24,9 +24,17 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..fast import conv as fast_conv
 from ..registry import register_kernel
 from ._util import compute_dtype, is_float, write
+
+
+def _fast_conv():
+    """The compiled kernels' module, imported at the first depthwise convolution: it imports
+    numba, which adds ~100 MiB to a process that would not otherwise load it (an LLM)."""
+    from ..fast import conv
+
+    return conv
+
 
 _COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -88,8 +96,9 @@ def _conv_forward(x: np.ndarray, w: np.ndarray, stride, padding, dilation, group
         raise ValueError(f"convolution: output size {out_size} is not positive for input {x.shape}")
     xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding]) if any(padding) else x
     cout_g = cout // groups
-    if cin_g == cout_g == 1 and k == 2 and fast_conv.BACKEND == "numba" and x.dtype in _COMPILED_DTYPES:
+    if cin_g == cout_g == 1 and k == 2 and x.dtype in _COMPILED_DTYPES and _fast_conv().BACKEND == "numba":
         # compiled depthwise (execupy/kernels/fast/conv.py): the same sums as _depthwise, in registers
+        fast_conv = _fast_conv()
         out = np.empty((n, cout, *out_size), x.dtype)
         return fast_conv.depthwise_nchw(np.ascontiguousarray(xp), np.ascontiguousarray(w.reshape(cout, *kernel)),
                                         stride, dilation, out)
