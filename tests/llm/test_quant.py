@@ -24,8 +24,8 @@ import torch
 
 from execupy.llm.export import export_llm
 from execupy.llm.export.models import Transformer
-from execupy.llm.export.quantize import (QuantizationWarning, gguf_blocks, keep_gguf_weights, quantize_embedding,
-                                         quantize_linears)
+from execupy.llm.export.quantize import (QuantizationWarning, gguf_blocks, int8_per_token_round_trip,
+                                         keep_gguf_weights, quantize_embedding, quantize_linears)
 from execupy.llm.gguf_loader import GGUFFile
 from execupy.llm.loaders import load_checkpoint
 from execupy.runtime import Module
@@ -159,6 +159,24 @@ def test_a_layer_whose_width_does_not_divide_into_groups_is_kept_int8_with_a_war
     assert model(x).shape == (3, 24)
 
 
+def test_8da4w_down_projections_round_their_input_in_blocks_per_token(tiny_gguf):
+    model = cached_model(tiny_gguf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QuantizationWarning)
+        quantize_linears(model, "8da4w", 32, checkpoint=tiny_gguf, down_proj_blocks=4)
+    blocks = {name: m.activation_blocks for name, m in model.named_modules() if hasattr(m, "activation_blocks")}
+    assert {b for name, b in blocks.items() if name.endswith("feed_forward.w2")} == {4}
+    assert {b for name, b in blocks.items() if not name.endswith("feed_forward.w2")} == {1}
+    # Blocks are rounded as tokens of their own: a channel 100x the rest costs only its block.
+    rows = torch.randn(3, 64)
+    rows[:, 5] *= 100
+    by_block = int8_per_token_round_trip(rows, 4)
+    each = torch.cat([int8_per_token_round_trip(part) for part in rows.split(16, dim=1)], dim=1)
+    assert torch.equal(by_block, each)
+    error = lambda r: float((r - rows)[:, 16:].abs().max())  # noqa: E731  (outside the outlier's block)
+    assert error(by_block) < error(int8_per_token_round_trip(rows)) / 10
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "execupy", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
@@ -171,6 +189,12 @@ def test_cli_rejects_gguf_mode_without_a_gguf_and_a_bad_group_size(tmp_path):
                 "-o", str(tmp_path / "m.pte"))
     assert done.returncode != 0 and "--group-size 24 must be a power of two" in done.stderr
     assert "Traceback" not in done.stderr
+    done = _cli("export-llm", "--hf", str(tmp_path), "--quantize", "int4", "--down-proj-blocks", "2",
+                "-o", str(tmp_path / "m.pte"))
+    assert done.returncode != 0 and "--down-proj-blocks applies to the int8 activations" in done.stderr
+    done = _cli("export-llm", "--hf", str(tmp_path), "--quantize", "8da4w", "--down-proj-blocks", "0",
+                "-o", str(tmp_path / "m.pte"))
+    assert done.returncode != 0 and "--down-proj-blocks 0 must be at least 1" in done.stderr
 
 
 def eager_perplexity(model: Transformer, tokens: list[int], ctx: int, windows: int) -> tuple[float, int]:

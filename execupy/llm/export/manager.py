@@ -87,6 +87,7 @@ def export_llm(
     embedding_quantize: str | None = None,
     progress_bar: Optional[bool] = False,
     generate_full_logits: bool = False,
+    down_proj_blocks: int | None = None,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
     and its tokenizer: every stage of LLMExportManager in order. ``progress`` receives
@@ -102,13 +103,16 @@ def export_llm(
 
     ``quantize`` ("int8", "int4", "8da4w", "8da8w" or "gguf"), ``group_size`` and
     ``embedding_quantize`` ("8", "4" or "4,32") are ExecuTorch's quantization options; the
-    graphs they write are those of docs/quantized-llm.md.
+    graphs they write are those of docs/quantized-llm.md. ``down_proj_blocks`` (8da4w / 8da8w):
+    the FFN down projections quantize their input per token in that many blocks (default
+    quantize.DOWN_PROJ_BLOCKS; 1 is ExecuTorch's graph; XNNPACK's nodes take one per token).
 
     ``generate_full_logits`` (ExecuTorch's name) makes forward return the logits of every
     token fed, ``[1, T, vocab]``, instead of the last one's: what ``execupy perplexity``
     scores a whole window from in a few calls. The runner samples from the last row either way."""
     _check_dtype(dtype)  # before the (slow) load, not after
-    transforms = quant_transforms(quantize, group_size, embedding_quantize, dtype, checkpoint_path, progress)
+    transforms = quant_transforms(quantize, group_size, embedding_quantize, dtype, checkpoint_path, progress,
+                                  down_proj_blocks)
     if backend not in BACKENDS:
         raise ExportError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     output_path = Path(output_path)
@@ -144,20 +148,26 @@ def backend_partitioners(backend: str) -> list:
 
 
 def quant_transforms(quantize: str | None, group_size: int | None, embedding_quantize: str | None, dtype: str,
-                     checkpoint_path: str | os.PathLike, say: Optional[Progress] = None
-                     ) -> list[Callable[[torch.nn.Module], torch.nn.Module]]:
+                     checkpoint_path: str | os.PathLike, say: Optional[Progress] = None,
+                     down_proj_blocks: int | None = None) -> list[Callable[[torch.nn.Module], torch.nn.Module]]:
     """The source transforms of the quantization options, checked before anything is loaded."""
-    from execupy.llm.export.quantize import (check_mode, get_quant_embedding_transform,
-                                             get_quant_weight_transform, parse_embedding_quantize)
+    from execupy.llm.export.quantize import (DOWN_PROJ_BLOCKS, check_down_proj_blocks, check_mode,
+                                             get_quant_embedding_transform, get_quant_weight_transform,
+                                             parse_embedding_quantize)
 
     transforms = []
     if (quantize or embedding_quantize) and dtype != "fp32":
         raise ExportError(f"quantization computes in fp32 between its integer weights; use --dtype fp32, not {dtype}")
     if quantize is None and group_size is not None:
         raise ExportError("--group-size needs --quantize")
+    if down_proj_blocks is not None:
+        if quantize not in ("8da4w", "8da8w"):
+            raise ExportError("--down-proj-blocks applies to the int8 activations of --quantize 8da4w / 8da8w")
+        check_down_proj_blocks(down_proj_blocks)
     if quantize is not None:
         check_mode(quantize, group_size, checkpoint_path)
-        transforms.append(get_quant_weight_transform(quantize, group_size, checkpoint_path, say))
+        transforms.append(get_quant_weight_transform(quantize, group_size, checkpoint_path, say,
+                                                     down_proj_blocks or DOWN_PROJ_BLOCKS))
     if embedding_quantize is not None:
         if quantize == "gguf":
             raise ExportError("--quantize gguf keeps the file's own embedding; --embedding-quantize does not apply")

@@ -15,7 +15,8 @@ such a file quantizes its dequantized values the same way.
 A GGUF Q8_0 head (kept as int8 groups of 32 by 8da4w) is quantized to symmetric int4 groups
 the same way: XNNPACK has no blockwise int8 filter, and on the portable side ExecuTorch's
 runner spent most of a token on it (44 vs 323 tok/s on its own export). Weight-only modes
-(int8, int4) keep the portable form.
+(int8, int4) keep the portable form. XNNPACK's dynamic quantization (qd8) takes one scale
+per token: a down projection's activation blocks (quantize.DOWN_PROJ_BLOCKS) become one.
 """
 from __future__ import annotations
 
