@@ -69,24 +69,27 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
     rescaled by exp(old max - new max), and the output finally multiplied by 1 / sum. The
     two products are numpy's matmul (ExecuTorch's go through MKL's sgemm, whose order of
     summation is its own: docs/xnnpack-export.md)."""
-    rows = q.shape[:2]
-    row_max = np.full((*rows, 1), -np.inf, q.dtype)
-    row_sum = np.zeros((*rows, 1), q.dtype)
-    acc = np.zeros(q.shape, q.dtype)
+    row_max = row_sum = acc = None
     for n in range(0, k.shape[1], KV_BLOCK):
         scores = np.matmul(q, k[:, n : n + KV_BLOCK].transpose(0, 2, 1))
         scores *= scale
-        if positions is not None:
+        if positions is not None and n + scores.shape[-1] - 1 > positions.min():  # a decode step masks nothing
             future = n + np.arange(scores.shape[-1])[None, :] > positions[:, None]  # [R, block]
             scores[:, future] = -np.inf
         # Every row sees key 0, so from the first block on its max is finite: masked scores
-        # weigh exp(-inf) = 0, and the first block's rescale is exp(-inf - max) = 0.
-        new_max = np.maximum(row_max, scores.max(axis=-1, keepdims=True))
+        # weigh exp(-inf) = 0. The first block has nothing to rescale (its rescale factor
+        # would be exp(-inf - max) = 0, times a sum and an output of zeros).
+        block_max = scores.max(axis=-1, keepdims=True)
+        if row_max is None:
+            row_max = block_max
+            weights = _exp(scores - row_max)
+            row_sum, acc = _lane_sum(weights), np.matmul(weights, v[:, n : n + KV_BLOCK])
+            continue
+        new_max = np.maximum(row_max, block_max)
         weights = _exp(scores - new_max)
         rescale = _exp(row_max - new_max)
         row_sum = _lane_sum(weights) + rescale * row_sum
-        if n:
-            acc *= rescale
+        acc *= rescale
         acc += np.matmul(weights, v[:, n : n + KV_BLOCK])
         row_max = new_max
     return acc * (1 / row_sum)
