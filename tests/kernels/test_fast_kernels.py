@@ -5,6 +5,7 @@ installs the `fast` extra); the numpy half always runs."""
 import numpy as np
 import pytest
 
+from execupy.kernels.cores import SecondCore
 from execupy.kernels.fast import quantized as Q
 from execupy.kernels.quantized.quant import dequantize_per_channel_group
 
@@ -69,7 +70,7 @@ def test_two_thread_mat_vec_equals_one_thread(monkeypatch, bits, n):
     packed, _ = packed_grouped(rng, n, 512, 32, bits, True)
     x = rng.standard_normal((2, 512)).astype(np.float32)
     monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
-    monkeypatch.setattr(Q, "_other_core_idle", lambda w: w.serial_s > 0)
+    monkeypatch.setattr(Q, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     assert np.array_equal(Q.NUMBA["qlinear"](x, packed), Q.NUMBA["qlinear"](x, packed, threads=1))
     two, one = Q.NUMBA["qlinear"](x, packed, threads=2), Q.NUMBA["qlinear"](x, packed, threads=1)
     assert np.array_equal(two, one)
@@ -162,7 +163,6 @@ def test_packing_warms_the_compiled_kernels_up_at_load():
 
 
 def test_two_threads_slower_than_one_turn_threads_off_for_a_while():
-    from execupy.kernels.cores import SecondCore
 
     cores = SecondCore()
     rng = np.random.default_rng(9)
@@ -184,7 +184,7 @@ def test_two_threads_slower_than_one_turn_threads_off_for_a_while():
 @needs_numba
 def test_a_weights_first_decode_call_runs_on_one_thread(monkeypatch):
     monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
-    monkeypatch.setattr(Q, "_other_core_idle", lambda w: w.serial_s > 0)
+    monkeypatch.setattr(Q, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     w, _ = packed_grouped(np.random.default_rng(10), 256, 256, 32, 4, False)
     assert w.serial_s == 0
     Q.NUMBA["qlinear"](np.ones((1, 256), np.float32), w)

@@ -207,7 +207,7 @@ def _compile() -> Optional[dict[str, Callable]]:
             if chosen:
                 # a weight's first call runs on one thread: the time the second thread must beat
                 big = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1
-                threads = cores if big and _other_core_idle(w) else 1
+                threads = cores if big and SECOND_CORE.free(w) else 1
             t0 = time.perf_counter()
             if threads > 1:
                 K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, threads, out)
@@ -232,10 +232,6 @@ def _compile() -> Optional[dict[str, Callable]]:
         return out
 
     return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear}
-
-
-def _other_core_idle(w: PackedWeight) -> bool:
-    return SECOND_CORE.free(w)
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
