@@ -163,7 +163,6 @@ def test_packing_warms_the_compiled_kernels_up_at_load():
 
 
 def test_two_threads_slower_than_one_turn_threads_off_for_a_while():
-
     cores = SecondCore()
     rng = np.random.default_rng(9)
     w, _ = packed_grouped(rng, 512, 512, 32, 4, False)  # 128 KiB of 4-bit words
