@@ -57,7 +57,9 @@ def _lane_sum(e: np.ndarray) -> np.ndarray:
     16-wide chunks in turn, then the lanes one by one, then the last L % 16 one by one."""
     whole = e.shape[-1] - e.shape[-1] % _LANES
     chunks = e[..., :whole].reshape(*e.shape[:-1], -1, _LANES)
-    lanes = np.cumsum(chunks, axis=-2)[..., -1, :] if whole else np.zeros((*e.shape[:-1], _LANES), e.dtype)
+    lanes = chunks[..., 0, :].copy() if whole else np.zeros((*e.shape[:-1], _LANES), e.dtype)
+    for c in range(1, chunks.shape[-2]):  # chunk by chunk: the lanes' order, one add per chunk
+        lanes += chunks[..., c, :]
     return np.cumsum(np.concatenate([lanes, e[..., whole:]], axis=-1), axis=-1)[..., -1:]
 
 
@@ -75,7 +77,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
         scores *= scale
         if positions is not None and n + scores.shape[-1] - 1 > positions.min():  # a decode step masks nothing
             future = n + np.arange(scores.shape[-1])[None, :] > positions[:, None]  # [R, block]
-            scores[:, future] = -np.inf
+            np.copyto(scores, -np.inf, where=future)
         # Every row sees key 0, so from the first block on its max is finite: masked scores
         # weigh exp(-inf) = 0. The first block has nothing to rescale (its rescale factor
         # would be exp(-inf - max) = 0, times a sum and an output of zeros).
