@@ -88,6 +88,10 @@ _BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
     "aten::addmm.out": lambda bias, a, b, *_: blas_threads.narrow(a, b),
     "aten::baddbmm.out": lambda bias, a, b, *_: blas_threads.narrow(a, b),
     "aten::linear.out": lambda x, *_: x.size // x.shape[-1] if x.shape[-1] else 1,
+    # attention's products are a head group's rows against the filled cache (a few MFLOP in a
+    # prompt): on a busy machine OpenBLAS's second thread stalled them 20-40x, so they follow
+    # the rule of a small product
+    "llama::custom_sdpa.out": lambda *_: 1,
 }
 
 
