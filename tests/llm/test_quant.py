@@ -195,6 +195,9 @@ def test_cli_rejects_gguf_mode_without_a_gguf_and_a_bad_group_size(tmp_path):
     done = _cli("export-llm", "--hf", str(tmp_path), "--quantize", "8da4w", "--down-proj-blocks", "0",
                 "-o", str(tmp_path / "m.pte"))
     assert done.returncode != 0 and "--down-proj-blocks 0 must be at least 1" in done.stderr
+    done = _cli("export-llm", "--hf", str(tmp_path), "--quantize", "8da4w", "--down-proj-blocks", "4",
+                "--backend", "xnnpack", "-o", str(tmp_path / "m.pte"))
+    assert done.returncode != 0 and "XNNPACK's dynamically quantized linears take one int8 scale" in done.stderr
 
 
 def eager_perplexity(model: Transformer, tokens: list[int], ctx: int, windows: int) -> tuple[float, int]:

@@ -115,6 +115,9 @@ def export_llm(
                                   down_proj_blocks)
     if backend not in BACKENDS:
         raise ExportError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "xnnpack" and down_proj_blocks not in (None, 1):
+        raise ExportError(f"--down-proj-blocks {down_proj_blocks}: XNNPACK's dynamically quantized linears take "
+                          "one int8 scale per token; leave it out (or 1) with --backend xnnpack")
     output_path = Path(output_path)
     manager = LLMExportManager.from_checkpoint(checkpoint_path, max_seq_len=max_seq_len,
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
