@@ -1,7 +1,8 @@
 """BLAS threads by product size (execupy/runtime/blas_threads.py): a product with a few rows
 (an LLM's decode) runs on one thread first, then on BLAS's threads while two threads are not
-slower than one was; a large one always on the threads BLAS had; every call of a method leaves
-BLAS as it found it."""
+slower than one was; a large one on BLAS's threads, or, an `out = a @ b` of many rows, in two
+halves on two threads with BLAS on one thread each; every call of a method leaves BLAS as it
+found it."""
 import numpy as np
 import pytest
 
@@ -62,3 +63,41 @@ def test_a_mat_vec_starts_on_one_thread_and_the_call_restores_blas(rows, product
     else:
         assert product_threads == [default]
     assert blas_threads.threads() == default
+
+
+def test_a_prompts_product_runs_in_two_halves_one_blas_thread_each(monkeypatch):
+    """A large product splits a's rows between this thread and a worker, BLAS on one thread in
+    each (OpenBLAS's own threads spin waiting for each other, which stalls on a busy machine)."""
+    if blas_threads.default_threads() is None or blas_threads.default_threads() < 2:
+        pytest.skip("needs numpy's OpenBLAS on two or more threads")
+    import threading
+
+    from execupy.kernels.cores import CallSite
+
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((300, 64), dtype=np.float32), rng.standard_normal((64, 40), dtype=np.float32)
+    want = a @ b
+    seen = []
+
+    def halves_seen(*args, **kwargs):
+        seen.append((threading.current_thread().name.startswith("execupy-blas"), blas_threads.threads()))
+        return np.matmul(*args, **kwargs)
+
+    monkeypatch.setattr(blas_threads, "in_halves", lambda a, b, out: blas_threads.both(
+        lambda: halves_seen(a[:150], b, out=out[:150]), lambda: halves_seen(a[150:], b, out=out[150:])) or out)
+    out = np.empty((300, 40), np.float32)
+    assert blas_threads.product(CallSite(), 40, np.matmul, a, b, out=out) is out
+    assert sorted(seen) == [(False, 1), (True, 1)]  # one half here, one on the worker, one BLAS thread each
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
+    monkeypatch.undo()
+    out[:] = 0
+    blas_threads.product(CallSite(), 40, np.matmul, a, b, out=out)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
+    # the portable mm kernel, its out a dynamic tensor's larger planned storage: a new array
+    planned = np.empty((400, 40), np.float32)
+    result = blas_threads.product(CallSite(), 40, linalg.mm, a, b, planned)
+    assert result.shape == (300, 40) and result is not planned
+    np.testing.assert_allclose(result, want, rtol=1e-6, atol=1e-5)
+    assert blas_threads.threads() == 1  # until the method's call ends (restore)
+    blas_threads.restore()
+

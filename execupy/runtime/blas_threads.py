@@ -8,7 +8,13 @@ shared cores at load 3.6: 26 ms per token on one thread, 143 ms on two). So a pr
 fewer than `EXECUPY_BLAS_SMALL_ROWS` rows (default 16) takes BLAS's threads only when the
 process-wide rule of kernels/cores.py says the other core is free (each product step times
 itself; a slow two-thread call sends every site to one thread for a few seconds), and a
-larger one (a long prompt: compute-bound) always does. A call of a method ends with BLAS set
+larger one (a long prompt: compute-bound) uses both cores too, but not through OpenBLAS's
+threads: `out = a @ b` splits a's rows in two halves, one computed on a worker thread, one
+on the caller's, each with BLAS on one thread. OpenBLAS's threads spin waiting for each
+other, so when another process holds the second core every product waits for the scheduler
+(SmolLM2 fp32, a 113-token prompt on this shared 2-core machine at load 3.5: 59-95 tok/s on
+OpenBLAS's two threads, 213-364 in halves); the caller waits for its half without spinning,
+so a busy core costs that half's share, not a stall. A call of a method ends with BLAS set
 back to the threads it had when execupy was imported.
 
 Only numpy's bundled OpenBLAS is steered (its thread-count functions, found with ctypes);
@@ -21,6 +27,7 @@ import ctypes
 import glob
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, TypeVar
 
 import numpy as np
@@ -30,6 +37,8 @@ from ..kernels.cores import SECOND_CORE, CallSite
 T = TypeVar("T")
 
 SMALL_ROWS = int(os.environ.get("EXECUPY_BLAS_SMALL_ROWS", 16))
+SPLIT_MIN_ROWS = 64  # a's rows from which a large product is worth two halves
+HALVES = os.environ.get("EXECUPY_BLAS_HALVES", "1") != "0"  # 0: large products on OpenBLAS's own threads
 
 # (set, get) function names of OpenBLAS builds: numpy's wheels (scipy-openblas, 64-bit ints), others
 _NAMES = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
@@ -83,6 +92,9 @@ def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) ->
     if _BLAS is None:
         return fn(*args, **kwargs)
     if rows >= SMALL_ROWS:
+        halves = _halves(fn, args, kwargs)
+        if halves is not None:
+            return in_halves(*halves)
         _BLAS.use(_BLAS.default)
         return fn(*args, **kwargs)
     threads = _BLAS.default if SECOND_CORE.free(site) else 1
@@ -91,6 +103,69 @@ def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) ->
     result = fn(*args, **kwargs)
     SECOND_CORE.took(site, threads, time.perf_counter() - t0)
     return result
+
+
+def in_halves(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = a @ b, a's first half of rows on this thread, the second on the worker."""
+    half = a.shape[0] // 2
+    both(lambda: np.matmul(a[:half], b, out=out[:half]), lambda: np.matmul(a[half:], b, out=out[half:]))
+    return out
+
+
+def both(first: Callable[[], object], second: Callable[[], object]) -> None:
+    """first() on this thread and second() on the worker at the same time, BLAS on one thread
+    in each (one after the other where BLAS has one thread anyway). Both must release the GIL
+    for the work to overlap (BLAS and numba's nogil kernels do)."""
+    if _BLAS is None or _BLAS.default < 2 or not HALVES:
+        if _BLAS is not None:
+            _BLAS.use(_BLAS.default)
+        first(), second()
+        return
+    _BLAS.use(1)
+    other = _worker().submit(second)
+    try:
+        first()
+    finally:
+        other.result()
+
+
+def _halves(fn: Callable, args: tuple, kwargs: dict) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(a, b, out) when fn(*args, **kwargs) is `out = a @ b` of 2-D float arrays worth halving:
+    np.matmul(a, b, out=out), or the portable mm kernel's (a, b, out), whose `out` may be a
+    dynamic tensor's planned storage of another shape (then the halves fill a new array,
+    which the kernel would have returned too)."""
+    if _BLAS.default < 2 or not HALVES:  # nothing to share, or not asked to
+        return None
+    if fn is np.matmul and len(args) == 2 and set(kwargs) == {"out"}:
+        a, b, out = *args, kwargs["out"]
+    elif fn is _mm_kernel() and len(args) == 3 and not kwargs:
+        a, b, out = args
+    else:
+        return None
+    if not all(isinstance(t, np.ndarray) and t.ndim == 2 and t.dtype == out.dtype for t in (a, b, out)):
+        return None
+    if out.dtype not in (np.float32, np.float64) or a.shape[0] < SPLIT_MIN_ROWS or a.shape[1] != b.shape[0]:
+        return None
+    if out.shape != (a.shape[0], b.shape[1]) or not out.flags.c_contiguous:
+        if fn is np.matmul:
+            return None
+        out = np.empty((a.shape[0], b.shape[1]), out.dtype)
+    return a, b, out
+
+
+_WORKER: list[ThreadPoolExecutor] = []
+
+
+def _worker() -> ThreadPoolExecutor:
+    if not _WORKER:  # started at the first large product: a process that never makes one has no thread
+        _WORKER.append(ThreadPoolExecutor(1, thread_name_prefix="execupy-blas"))
+    return _WORKER[0]
+
+
+def _mm_kernel() -> Optional[Callable]:
+    from ..kernels.registry import get_kernel
+
+    return get_kernel("aten::mm.out")
 
 
 def restore() -> None:

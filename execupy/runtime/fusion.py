@@ -57,7 +57,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..kernels.cores import CallSite
 from ..kernels.portable._util import norm_dim
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
 from ..schema import program as P
@@ -871,7 +870,7 @@ def _planned_view_source(g: Graph, v: int, pc: int) -> Optional[int]:
 
 def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: int, k: int, group: int,
                            rows: int, out: int):
-    from ..kernels.fast.quantized import BLAS_MIN_ROWS, pack, qlinear
+    from ..kernels.fast.quantized import BLAS_MIN_ROWS, pack, qlinear, qlinear_columns
 
     values = method.values
     packed = method._load_cache.get(("packed", q))
@@ -880,14 +879,17 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
                                                           None if mins is None else values[mins])
         method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
     get_rows, store = _get(method, rows), method._store_fn(out)
-    site, on_threads = CallSite(), blas_threads.product
+    both, half = blas_threads.both, n // 2
 
     def quantized_linear_step():
         x = get_rows()  # mm(W, rows) = (rows.T @ W.T).T
         if x.shape[-1] < BLAS_MIN_ROWS:  # decode: the compiled mat-vec chooses its own threads
             store(qlinear(x.T, packed).T)
-        else:  # a prompt's rows are BLAS products (blas_threads.py)
-            store(on_threads(site, x.shape[-1], qlinear, x.T, packed).T)
+            return
+        # a prompt's rows: the output's columns in two halves, one per core (blas_threads.py)
+        x, y = np.ascontiguousarray(x.T, np.float32), np.empty((x.shape[-1], n), np.float32)
+        both(lambda: qlinear_columns(x, packed, 0, half, y), lambda: qlinear_columns(x, packed, half, n, y))
+        store(y.T)
 
     return quantized_linear_step
 

@@ -176,7 +176,15 @@ def qlinear_numpy(x: np.ndarray, w: PackedWeight) -> np.ndarray:
     return np.asarray(x, np.float32) @ dequantize_columns(w, 0, n)
 
 
-NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token_numpy, "qlinear": qlinear_numpy}
+def qlinear_columns_numpy(x: np.ndarray, w: PackedWeight, j0: int, j1: int, out: np.ndarray) -> None:
+    """out[:, j0:j1] = (x @ w.T)[:, j0:j1] for a prompt's rows, a slice of columns at a time."""
+    for s0 in range(j0, j1, BLAS_SLICE_COLUMNS):
+        s1 = min(j1, s0 + BLAS_SLICE_COLUMNS)
+        out[:, s0:s1] = x @ dequantize_columns(w, s0, s1)
+
+
+NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token_numpy, "qlinear": qlinear_numpy,
+                              "qlinear_columns": qlinear_columns_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
@@ -216,14 +224,20 @@ def _compile() -> Optional[dict[str, Callable]]:
             if chosen:
                 SECOND_CORE.took(w, threads, time.perf_counter() - t0)
             return out
-        # prefill: dequantize a slice of columns, multiply it with BLAS (both cores), next slice
-        scratch = np.empty((k, min(n, BLAS_SLICE_COLUMNS)), np.float32)
-        for j0 in range(0, n, BLAS_SLICE_COLUMNS):
-            j1 = min(n, j0 + BLAS_SLICE_COLUMNS)
-            part = scratch[:, : j1 - j0]
-            K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, j0, j1, part)
-            out[:, j0:j1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
+        qlinear_columns(x, w, 0, n, out)
         return out
+
+    def qlinear_columns(x, w: PackedWeight, j0: int, j1: int, out) -> None:
+        """out[:, j0:j1] of a prompt's rows: dequantize a slice of columns, multiply it with
+        BLAS, next slice. Two calls on distinct columns may run at once (the numba part
+        releases the GIL)."""
+        k = w.shape[1]
+        scratch = np.empty((k, min(j1 - j0, BLAS_SLICE_COLUMNS)), np.float32)
+        for s0 in range(j0, j1, BLAS_SLICE_COLUMNS):
+            s1 = min(j1, s0 + BLAS_SLICE_COLUMNS)
+            part = scratch[:, : s1 - s0]
+            K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, s0, s1, part)
+            out[:, s0:s1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
 
     def fake_quantize_per_token(x):
         x = np.ascontiguousarray(x, np.float32)
@@ -231,7 +245,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         K.fake_quantize_per_token(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
         return out
 
-    return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear}
+    return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear, "qlinear_columns": qlinear_columns}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
@@ -240,3 +254,4 @@ _ACTIVE = NUMBA or NUMPY
 
 fake_quantize_per_token: Callable = _ACTIVE["fake_quantize_per_token"]
 qlinear: Callable = _ACTIVE["qlinear"]
+qlinear_columns: Callable = _ACTIVE["qlinear_columns"]

@@ -152,7 +152,7 @@ def matvec_parallel(x, qt, scales, offsets, group_size, rows_per_word, blocks, o
                 _columns(x[r], qt, scales, offsets, group_size, rows_per_word, j0, j1, out[r])
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, fastmath=True, nogil=True)  # nogil: a prompt's two halves dequantize at once
 def dequantize_columns(qt, scales, offsets, group_size, rows_per_word, j0, j1, dst):
     """dst [K, j1 - j0] = columns j0..j1 of the float32 transposed weight."""
     if rows_per_word == 1:
