@@ -391,8 +391,10 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
         if n_in % scales.shape[1] or (n_in // scales.shape[1]) % XG.KSUM_CHUNK:
             raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with {scales.shape[1]} blocks over "
                                            f"{n_in} inputs (XNNPACK needs blocks of a multiple of {XG.KSUM_CHUNK})")
-        packed = XG.pack_blockwise(w_signed, scales)
-        product = lambda q, zp, s: XG.gemm_blockwise(q, zp, s, packed, bias)
+        if n_in // scales.shape[1] > XG.MAX_EXACT_BLOCK:
+            raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with blocks of {n_in // scales.shape[1]} "
+                                           f"inputs (execupy sums a block exactly up to {XG.MAX_EXACT_BLOCK})")
+        product = XG.bind_blockwise(XG.pack_blockwise(w_signed, scales), bias)
     else:
         w_scale = scales.reshape(n_out).astype(F32)
         product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
