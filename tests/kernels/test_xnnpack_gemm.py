@@ -1,5 +1,6 @@
-"""The compiled (numba) XNNPACK dynamic-quantization GEMMs equal the numpy reference bit for
-bit (that the reference equals ExecuTorch's runtime is tests/test_xnnpack_nodes.py's job)."""
+"""The compiled (numba) XNNPACK dynamic-quantization GEMMs, sigmoid and rsqrt equal the numpy
+reference bit for bit (that the reference equals ExecuTorch's runtime is
+tests/test_xnnpack_nodes.py's job)."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -91,6 +92,25 @@ def test_quantize_rows_numba_equals_numpy():
     dequantized = (q.astype(np.float32) - zp[:, None]) * scale[:, None]
     assert scale[3] == 1 and not dequantized[3].any()  # a row of zeros: scale 1, zeros back
     np.testing.assert_allclose(dequantized, rows, atol=float(scale.max()) / 2 * 1.0001)
+
+
+def _every_kind_of_float32(rng) -> np.ndarray:
+    """Normal values, wide ones, the specials, and random bit patterns (subnormals, NaNs, huge)."""
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 88.0, -88.0, 104.0, -104.0, 1e30, -1e30, 3.4e38, -3.4e38]
+    bits = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([(rng.standard_normal(5500) * np.repeat([6, 200], [5000, 500])).astype(np.float32),
+                           np.array(specials, np.float32), bits])
+
+
+def test_compiled_sigmoid_and_rsqrt_equal_their_numpy_steps():
+    from execupy.backends.xnnpack import vmath
+
+    x = _every_kind_of_float32(np.random.default_rng(3))
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(vmath.sigmoid(x.reshape(5, -1)), vmath._sigmoid(x).reshape(5, -1))
+    if vmath._RSQRT is not None:  # a CPU with AVX-512F: XNNPACK's estimate, then its Newton step
+        a = np.concatenate([np.abs(x), x]).reshape(2, 1, -1)
+        np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, vmath._RSQRT14(a.reshape(-1)).reshape(a.shape)))
 
 
 CACHE_PROBE = """

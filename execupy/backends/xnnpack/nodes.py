@@ -56,8 +56,13 @@ def _kernel(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 def _unary(fn: Callable[[np.ndarray], np.ndarray]):
     def build(node: Node, g) -> Step:
-        load, store = g.loader(node.fields["input_id"]), g.storer(node.fields["output_id"], node)
-        out = node.fields["output_id"]
+        src, out = node.fields["input_id"], node.fields["output_id"]
+        if g.plain(node, src, out):
+            def plain_step(vals: list) -> None:
+                vals[out] = fn(vals[src])
+
+            return plain_step
+        load, store = g.loader(src), g.storer(out, node)
 
         def step(vals: list) -> None:
             vals[out] = store(fn(load(vals)))
@@ -70,8 +75,13 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]):
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]):
     def build(node: Node, g) -> Step:
         f = node.fields
-        a, b = g.loader(f["input1_id"]), g.loader(f["input2_id"])
-        store, out = g.storer(f["output_id"], node), f["output_id"]
+        x, y, out = f["input1_id"], f["input2_id"], f["output_id"]
+        if g.plain(node, x, y, out):
+            def plain_step(vals: list) -> None:
+                vals[out] = fn(vals[x], vals[y])
+
+            return plain_step
+        a, b, store = g.loader(x), g.loader(y), g.storer(out, node)
 
         def step(vals: list) -> None:
             vals[out] = store(fn(a(vals), b(vals)))

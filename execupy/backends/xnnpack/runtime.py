@@ -47,12 +47,22 @@ class Compiled:
     node_kinds: list[str]  # per step, its node's kind: the name of its delegate event when traced
     event_tracer: Any = None  # the method's EventTracer, when it is traced
 
-    def _bound(self, args: list) -> list:
-        vals: list[Any] = [None] * self.num_values
+    def __post_init__(self) -> None:
+        # Made once: an LLM's decode step calls some 300 small delegates per token.
+        self._template: list[Any] = [None] * self.num_values  # the value list with the constants in place
         for i, x in self.constants.items():
+            self._template[i] = x
+        self._input_dtypes = [(i, value, FLOAT_TYPES.get(value.datatype) or CONSTANT_DTYPES.get(value.datatype))
+                              for i, value in self.inputs]
+
+    def _bound(self, args: list) -> list:
+        vals = self._template.copy()
+        for (i, value, want), x in zip(self._input_dtypes, args):
+            x = np.asarray(x)
+            if want is not None and x.dtype != want:
+                raise InvalidInputError(f"{BACKEND_ID}: external input {value.external_id} has dtype {x.dtype}, "
+                                        f"the delegate expects {np.dtype(want)}")
             vals[i] = x
-        for (i, value), x in zip(self.inputs, args):
-            vals[i] = _bind_input(value, x)
         return vals
 
     def run(self, args: list) -> list:
@@ -74,15 +84,6 @@ class Compiled:
             for i in dead:
                 vals[i] = None
         return [vals[i] for i in self.outputs]
-
-
-def _bind_input(value: Value, x: Any) -> np.ndarray:
-    x = np.asarray(x)
-    want = FLOAT_TYPES.get(value.datatype) or CONSTANT_DTYPES.get(value.datatype)
-    if want is not None and x.dtype != want:
-        raise InvalidInputError(f"{BACKEND_ID}: external input {value.external_id} has dtype {x.dtype}, "
-                                f"the delegate expects {np.dtype(want)}")
-    return x
 
 
 class GraphContext:
@@ -199,6 +200,13 @@ class GraphContext:
         if value.datatype in ("fp16", "bf16"):
             return lambda vals: vals[i].astype(F32)
         raise MalformedProgramError(f"value {i} of datatype {value.datatype} cannot be a node input here")
+
+    def plain(self, node: Node, *ids: int) -> bool:
+        """Values `ids` are fp32 arrays of rank 1 or more and the node clamps nothing: its step
+        may read and store them as they are, without the loaders' and storer's conversions (a
+        ufunc on such arrays gives such an array, never a numpy scalar)."""
+        return node.output_min == -math.inf and node.output_max == math.inf and all(
+            self.values[self.check_id(i, "node value")].datatype == "fp32" and self.values[i].dims for i in ids)
 
     def storer(self, i: int, node: Node) -> Callable[[np.ndarray], Any]:
         """fp32 result -> value i's representation, with the node's fused clamp applied."""
