@@ -322,6 +322,8 @@ def _sdpa(node: Node, g) -> Step:
 def _convert(node: Node, g) -> Step:
     src, dst = g.values[node.fields["input_id"]], g.values[node.fields["output_id"]]
     out = node.fields["output_id"]
+    if out in g.fused_quantize:  # the FullyConnected reading it quantizes its input itself
+        return lambda vals: None
     if dst.datatype == "qdint8":
         load = g.loader(node.fields["input_id"])
 
@@ -410,6 +412,14 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
         product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
 
     clamp = (lambda y: y) if lo == -np.inf and hi == np.inf else (lambda y: np.clip(y, lo, hi))
+    src = g.fused_quantize.get(x_id)
+    if src is not None:
+        def step_quantizing(vals: list) -> None:
+            x = vals[src]  # fp32: the Convert to qdint8 before this node, done here (Q.quantize_dynamic)
+            q, scale, zero_point = XG.quantize_rows(x.reshape(-1, n_in))
+            vals[out] = clamp(product(q, zero_point, scale)).reshape(*x.shape[:-1], n_out)
+
+        return step_quantizing
 
     def step(vals: list) -> None:
         x: Q.DynamicQuant = vals[x_id]
