@@ -11,11 +11,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .quantized_jit import nibble_dot
 from .xnnpack_gemm import TILE  # defined before xnnpack_gemm imports this module
 
 
 _M4 = np.uint32(15)
-_S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
 
 
 # ---------------------------------------------------------------- a few rows: one pass over the words
@@ -25,8 +25,7 @@ _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
 def _nibble_sums(a, words, b0, b1, j0, j1, acc):
     # acc[j] = sum over inputs 8 * b0 .. 8 * b1 of a[i] * (stored 4-bit weight of column j0 + j):
     # a[i] = q + 128 and the stored values (weight + 8) are integers, every partial sum one below
-    # 2**24 (MAX_EXACT_BLOCK), so float32 adds them exactly in whatever order fastmath picks. The
-    # words stay uint32 (explicit casts): numba would widen the shifts to int64 and halve the lanes.
+    # 2**24 (MAX_EXACT_BLOCK), so float32 adds them exactly in whatever order fastmath picks.
     n = j1 - j0
     acc[:] = 0
     for b in range(b0, b1):
@@ -34,11 +33,7 @@ def _nibble_sums(a, words, b0, b1, j0, j1, acc):
         x0, x1, x2, x3, x4, x5, x6, x7 = a[c], a[c + 1], a[c + 2], a[c + 3], a[c + 4], a[c + 5], a[c + 6], a[c + 7]
         row = words[b, j0:j1]
         for j in range(n):
-            v = row[j]
-            acc[j] += (x0 * np.float32(np.int32(v & _M4)) + x1 * np.float32(np.int32((v >> _S4) & _M4))
-                       + x2 * np.float32(np.int32((v >> _S8) & _M4)) + x3 * np.float32(np.int32((v >> _S12) & _M4))
-                       + x4 * np.float32(np.int32((v >> _S16) & _M4)) + x5 * np.float32(np.int32((v >> _S20) & _M4))
-                       + x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28)))
+            acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
 
 
 @numba.njit(cache=True)
