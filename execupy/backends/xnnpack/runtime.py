@@ -96,7 +96,6 @@ class GraphContext:
         self._scales: dict[int, np.ndarray] = {}
         self.fused_quantize = _fused_quantize(graph)
 
-
     def check_id(self, i: int, what: str) -> int:
         if not 0 <= i < len(self.values):
             raise MalformedProgramError(f"{what} names value {i}, but the graph has {len(self.values)} values")
@@ -239,12 +238,12 @@ def _fused_quantize(graph: Graph) -> dict[int, int]:
     FullyConnected reads (as its input): that node quantizes its rows itself and the Convert's
     step does nothing, one step and one DynamicQuant less per product (an LLM's decode step
     runs some 200 such pairs per token)."""
-    readers: dict[int, list[Node]] = {}
-    for node in graph.nodes:
+    readers: dict[int, list[tuple[int, Node]]] = {}
+    for k, node in enumerate(graph.nodes):
         for v in _reads(node):
-            readers.setdefault(v, []).append(node)
+            readers.setdefault(v, []).append((k, node))
     fused = {}
-    for node in graph.nodes:
+    for k, node in enumerate(graph.nodes):
         if node.kind != "Convert":
             continue
         src, dst = node.fields["input_id"], node.fields["output_id"]
@@ -253,8 +252,8 @@ def _fused_quantize(graph: Graph) -> dict[int, int]:
         consumers = readers.get(dst, [])
         if (graph.values[dst].datatype == "qdint8" and graph.values[src].datatype == "fp32"
                 and graph.values[src].dims and not graph.values[dst].flags & EXTERNAL_OUTPUT
-                and len(consumers) == 1 and consumers[0].kind == "FullyConnected"
-                and consumers[0].fields["input1_id"] == dst and _reads(consumers[0]).count(dst) == 1):
+                and len(consumers) == 1 and consumers[0][0] > k and consumers[0][1].kind == "FullyConnected"
+                and consumers[0][1].fields["input1_id"] == dst and _reads(consumers[0][1]).count(dst) == 1):
             fused[dst] = src
     return fused
 
