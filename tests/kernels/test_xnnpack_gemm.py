@@ -1,5 +1,6 @@
-"""The compiled (numba) XNNPACK dynamic-quantization GEMMs equal the numpy reference bit for
-bit (that the reference equals ExecuTorch's runtime is tests/test_xnnpack_nodes.py's job)."""
+"""The compiled (numba) XNNPACK dynamic-quantization GEMMs, sigmoid and rsqrt equal the numpy
+reference bit for bit (that the reference equals ExecuTorch's runtime is
+tests/test_xnnpack_nodes.py's job)."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -19,7 +20,7 @@ def _activations(rng, m: int, k: int):
 
 
 @pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96),
-                                           (4, 4000, 576, 32)])  # the last one big enough for two threads
+                                           (4, 4000, 576, 32), (1, 1000, 576, 32)])  # the last two split on two threads
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     rng = np.random.default_rng(m * n + k)
@@ -32,6 +33,24 @@ def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     reference = XG.NUMPY["blockwise"](q, zp, scale, packed, bias)
     assert ours.dtype == reference.dtype == np.float32 and ours.shape == (m, n)
     np.testing.assert_array_equal(ours, reference)
+    if m < XG.MATVEC_MAX_ROWS:  # a decode step's mat-vec adds in the same order on one thread and on two
+        for threads in (1, 2):
+            out = XG.NUMBA["blockwise_matvec"](q, zp, scale, packed, np.zeros(n, np.float32) if bias is None else bias,
+                                               np.empty((m, n), np.float32), threads=threads)
+            np.testing.assert_array_equal(out, reference)
+
+
+def test_blockwise_sums_stay_exact_at_the_largest_terms():
+    """Every term 255 * 7 or 255 * -8 over the largest block the float32 sums allow: still the
+    integer sums (the mat-vec adds (q + 128) * (w + 8) in float32)."""
+    block = XG.MAX_EXACT_BLOCK // XG.KSUM_CHUNK * XG.KSUM_CHUNK
+    q, zp, scale = np.full((1, block), 127, np.int8), np.full(1, -128, np.int32), np.ones(1, np.float32)
+    w = np.stack([np.full(block, 7), np.full(block, -8), np.tile([7, -8], block // 2)]).astype(np.int8)
+    packed = XG.pack_blockwise(w, np.ones((3, 1), np.float32))
+    ours = XG.NUMBA["blockwise_matvec"](q, zp, scale, packed, np.zeros(3, np.float32), np.empty((1, 3), np.float32))
+    exact = (q.astype(np.int64) + 128) @ w.astype(np.int64).T  # zp + 128 = 0: no ksum term
+    np.testing.assert_array_equal(ours, exact.astype(np.float32))
+    assert 255 * 15 * block > 2 ** 23  # large enough that a float32 sum past 2**24 would have shown
 
 
 @pytest.mark.parametrize("m, n, k, bits", [(1, 33, 64, 8), (4, 40, 576, 8), (3, 10, 64, 4),
@@ -75,15 +94,37 @@ def test_quantize_rows_numba_equals_numpy():
     np.testing.assert_allclose(dequantized, rows, atol=float(scale.max()) / 2 * 1.0001)
 
 
+def _every_kind_of_float32(rng) -> np.ndarray:
+    """Normal values, wide ones, the specials, and random bit patterns (subnormals, NaNs, huge)."""
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 88.0, -88.0, 104.0, -104.0, 1e30, -1e30, 3.4e38, -3.4e38]
+    bits = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([(rng.standard_normal(5500) * np.repeat([6, 200], [5000, 500])).astype(np.float32),
+                           np.array(specials, np.float32), bits])
+
+
+def test_compiled_sigmoid_and_rsqrt_equal_their_numpy_steps():
+    from execupy.backends.xnnpack import vmath
+
+    x = _every_kind_of_float32(np.random.default_rng(3))
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(vmath.sigmoid(x.reshape(5, -1)), vmath._sigmoid(x).reshape(5, -1))
+    if vmath._RSQRT is not None:  # a CPU with AVX-512F: XNNPACK's estimate, then its Newton step
+        a = np.concatenate([np.abs(x), x]).reshape(2, 1, -1)
+        np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, vmath._RSQRT14(a.reshape(-1)).reshape(a.shape)))
+
+
 CACHE_PROBE = """
 import numpy as np
 from execupy.kernels.fast import xnnpack_gemm as XG, xnnpack_gemm_jit as K
 rng = np.random.default_rng(0)
 q, scale, zp = XG.NUMBA["quantize_rows"](rng.standard_normal((3, 64)).astype(np.float32))
 packed = XG.pack_blockwise(rng.integers(-8, 8, (300, 64)).astype(np.int8), np.ones((300, 2), np.float32))
-for parallel_min in (10 ** 12, 0):  # one thread, then every thread
+for threads in (1, 2):  # the mat-vec of a decode step on one thread, then on two
+    XG.NUMBA["blockwise_matvec"](q, zp, scale, packed, np.zeros(300, np.float32), np.empty((3, 300), np.float32),
+                                 threads=threads)
+for parallel_min in (10 ** 12, 0):  # a prompt's rows on one thread, then on every thread
     XG.PARALLEL_MIN_MACS = parallel_min
-    XG.NUMBA["blockwise"](q, zp, scale, packed, None)
+    XG.NUMBA["blockwise"](q.repeat(3, axis=0), zp.repeat(3), scale.repeat(3), packed, None)
 for rows in (3, 8):  # the numba kernel, then BLAS sums scaled by numba
     XG.NUMBA["channelwise"](q.repeat(3, axis=0)[:rows], zp.repeat(3)[:rows], scale.repeat(3)[:rows],
                             rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
@@ -96,6 +137,7 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"blockwise_serial", "blockwise_parallel", "channelwise", "scale_sums", "quantize_rows"}
+    assert set(first) == {"blockwise_matvec", "blockwise_matvec_parallel", "blockwise_tiles", "blockwise_tiles_parallel",
+                          "channelwise", "scale_sums", "quantize_rows"}
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

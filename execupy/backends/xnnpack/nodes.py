@@ -56,8 +56,13 @@ def _kernel(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 def _unary(fn: Callable[[np.ndarray], np.ndarray]):
     def build(node: Node, g) -> Step:
-        load, store = g.loader(node.fields["input_id"]), g.storer(node.fields["output_id"], node)
-        out = node.fields["output_id"]
+        src, out = node.fields["input_id"], node.fields["output_id"]
+        if g.plain(node, src, out):
+            def plain_step(vals: list) -> None:
+                vals[out] = fn(vals[src])
+
+            return plain_step
+        load, store = g.loader(src), g.storer(out, node)
 
         def step(vals: list) -> None:
             vals[out] = store(fn(load(vals)))
@@ -70,8 +75,13 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]):
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]):
     def build(node: Node, g) -> Step:
         f = node.fields
-        a, b = g.loader(f["input1_id"]), g.loader(f["input2_id"])
-        store, out = g.storer(f["output_id"], node), f["output_id"]
+        x, y, out = f["input1_id"], f["input2_id"], f["output_id"]
+        if g.plain(node, x, y, out):
+            def plain_step(vals: list) -> None:
+                vals[out] = fn(vals[x], vals[y])
+
+            return plain_step
+        a, b, store = g.loader(x), g.loader(y), g.storer(out, node)
 
         def step(vals: list) -> None:
             vals[out] = store(fn(a(vals), b(vals)))
@@ -312,6 +322,8 @@ def _sdpa(node: Node, g) -> Step:
 def _convert(node: Node, g) -> Step:
     src, dst = g.values[node.fields["input_id"]], g.values[node.fields["output_id"]]
     out = node.fields["output_id"]
+    if out in g.fused_quantize:  # the FullyConnected reading it quantizes its input itself
+        return lambda vals: None
     if dst.datatype == "qdint8":
         load = g.loader(node.fields["input_id"])
 
@@ -391,13 +403,23 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
         if n_in % scales.shape[1] or (n_in // scales.shape[1]) % XG.KSUM_CHUNK:
             raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with {scales.shape[1]} blocks over "
                                            f"{n_in} inputs (XNNPACK needs blocks of a multiple of {XG.KSUM_CHUNK})")
-        packed = XG.pack_blockwise(w_signed, scales)
-        product = lambda q, zp, s: XG.gemm_blockwise(q, zp, s, packed, bias)
+        if n_in // scales.shape[1] > XG.MAX_EXACT_BLOCK:
+            raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with blocks of {n_in // scales.shape[1]} "
+                                           f"inputs (execupy sums a block exactly up to {XG.MAX_EXACT_BLOCK})")
+        product = XG.bind_blockwise(XG.pack_blockwise(w_signed, scales), bias)
     else:
         w_scale = scales.reshape(n_out).astype(F32)
         product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
 
     clamp = (lambda y: y) if lo == -np.inf and hi == np.inf else (lambda y: np.clip(y, lo, hi))
+    src = g.fused_quantize.get(x_id)
+    if src is not None:
+        def step_quantizing(vals: list) -> None:
+            x = vals[src]  # fp32: the Convert to qdint8 before this node, done here (Q.quantize_dynamic)
+            q, scale, zero_point = XG.quantize_rows(x.reshape(-1, n_in))
+            vals[out] = clamp(product(q, zero_point, scale)).reshape(*x.shape[:-1], n_out)
+
+        return step_quantizing
 
     def step(vals: list) -> None:
         x: Q.DynamicQuant = vals[x_id]

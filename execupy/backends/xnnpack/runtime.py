@@ -47,12 +47,22 @@ class Compiled:
     node_kinds: list[str]  # per step, its node's kind: the name of its delegate event when traced
     event_tracer: Any = None  # the method's EventTracer, when it is traced
 
-    def _bound(self, args: list) -> list:
-        vals: list[Any] = [None] * self.num_values
+    def __post_init__(self) -> None:
+        # Made once: an LLM's decode step calls some 300 small delegates per token.
+        self._template: list[Any] = [None] * self.num_values  # the value list with the constants in place
         for i, x in self.constants.items():
+            self._template[i] = x
+        self._input_dtypes = [(i, value, FLOAT_TYPES.get(value.datatype) or CONSTANT_DTYPES.get(value.datatype))
+                              for i, value in self.inputs]
+
+    def _bound(self, args: list) -> list:
+        vals = self._template.copy()
+        for (i, value, want), x in zip(self._input_dtypes, args):
+            x = np.asarray(x)
+            if want is not None and x.dtype != want:
+                raise InvalidInputError(f"{BACKEND_ID}: external input {value.external_id} has dtype {x.dtype}, "
+                                        f"the delegate expects {np.dtype(want)}")
             vals[i] = x
-        for (i, value), x in zip(self.inputs, args):
-            vals[i] = _bind_input(value, x)
         return vals
 
     def run(self, args: list) -> list:
@@ -76,15 +86,6 @@ class Compiled:
         return [vals[i] for i in self.outputs]
 
 
-def _bind_input(value: Value, x: Any) -> np.ndarray:
-    x = np.asarray(x)
-    want = FLOAT_TYPES.get(value.datatype) or CONSTANT_DTYPES.get(value.datatype)
-    if want is not None and x.dtype != want:
-        raise InvalidInputError(f"{BACKEND_ID}: external input {value.external_id} has dtype {x.dtype}, "
-                                f"the delegate expects {np.dtype(want)}")
-    return x
-
-
 class GraphContext:
     """What node builders ask of the graph at init: values, constants, and per value the
     functions that load it as fp32 and store an fp32 result in its datatype."""
@@ -93,6 +94,7 @@ class GraphContext:
         self.graph, self.values, self.named_data = graph, graph.values, named_data
         self.constants: dict[int, np.ndarray] = {}
         self._scales: dict[int, np.ndarray] = {}
+        self.fused_quantize = _fused_quantize(graph)
 
     def check_id(self, i: int, what: str) -> int:
         if not 0 <= i < len(self.values):
@@ -200,6 +202,13 @@ class GraphContext:
             return lambda vals: vals[i].astype(F32)
         raise MalformedProgramError(f"value {i} of datatype {value.datatype} cannot be a node input here")
 
+    def plain(self, node: Node, *ids: int) -> bool:
+        """Values `ids` are fp32 arrays of rank 1 or more and the node clamps nothing: its step
+        may read and store them as they are, without the loaders' and storer's conversions (a
+        ufunc on such arrays gives such an array, never a numpy scalar)."""
+        return node.output_min == -math.inf and node.output_max == math.inf and all(
+            self.values[self.check_id(i, "node value")].datatype == "fp32" and self.values[i].dims for i in ids)
+
     def storer(self, i: int, node: Node) -> Callable[[np.ndarray], Any]:
         """fp32 result -> value i's representation, with the node's fused clamp applied."""
         self.check_id(i, "node output")
@@ -216,6 +225,37 @@ class GraphContext:
         if value.datatype == "int32":
             return lambda y: np.asarray(y).astype(np.int32, copy=False)
         raise MalformedProgramError(f"value {i} of datatype {value.datatype} cannot be a node output here")
+
+
+def _reads(node: Node) -> list[int]:
+    """The value ids a node reads."""
+    return [v for name, v in node.fields.items()
+            if name.endswith("_id") and not name.startswith("output") and v != NO_VALUE]
+
+
+def _fused_quantize(graph: Graph) -> dict[int, int]:
+    """qdint8 value -> the fp32 value it quantizes, for each Convert whose result only one
+    FullyConnected reads (as its input): that node quantizes its rows itself and the Convert's
+    step does nothing, one step and one DynamicQuant less per product (an LLM's decode step
+    runs some 200 such pairs per token)."""
+    readers: dict[int, list[tuple[int, Node]]] = {}
+    for k, node in enumerate(graph.nodes):
+        for v in _reads(node):
+            readers.setdefault(v, []).append((k, node))
+    fused = {}
+    for k, node in enumerate(graph.nodes):
+        if node.kind != "Convert":
+            continue
+        src, dst = node.fields["input_id"], node.fields["output_id"]
+        if not (0 <= src < len(graph.values) and 0 <= dst < len(graph.values)):
+            continue  # compile_graph names the bad id
+        consumers = readers.get(dst, [])
+        if (graph.values[dst].datatype == "qdint8" and graph.values[src].datatype == "fp32"
+                and graph.values[src].dims and not graph.values[dst].flags & EXTERNAL_OUTPUT
+                and len(consumers) == 1 and consumers[0][0] > k and consumers[0][1].kind == "FullyConnected"
+                and consumers[0][1].fields["input1_id"] == dst and _reads(consumers[0][1]).count(dst) == 1):
+            fused[dst] = src
+    return fused
 
 
 def _unpack_4bit(raw: memoryview, shape: tuple, what: str) -> np.ndarray:
@@ -261,17 +301,20 @@ def compile_graph(graph: Graph, named_data: Callable[[str], memoryview], event_t
         steps.append(BUILDERS[node.kind](node, g))
     output_ids = [outputs[k] for k in sorted(outputs)]
     return Compiled([inputs[k] for k in sorted(inputs)], output_ids, g.constants, steps,
-                    _release_plan(graph.nodes, set(output_ids) | set(g.constants)), len(graph.values),
+                    _release_plan(graph.nodes, set(output_ids) | set(g.constants), g.fused_quantize), len(graph.values),
                     [node.kind for node in graph.nodes], event_tracer)
 
 
-def _release_plan(nodes: list[Node], keep: set[int]) -> list[tuple[int, ...]]:
-    """For each node, the values it is the last to touch (outputs and constants stay)."""
+def _release_plan(nodes: list[Node], keep: set[int], fused: dict[int, int]) -> list[tuple[int, ...]]:
+    """For each node, the values it is the last to touch (outputs and constants stay); a
+    FullyConnected reading a fused Convert's result reads the Convert's input instead."""
     last: dict[int, int] = {}
     for k, node in enumerate(nodes):
         for name, v in node.fields.items():
             if name.endswith("_id") and v != NO_VALUE:
                 last[v] = k
+                if v in fused and not name.startswith("output"):
+                    last[fused[v]] = k
     dead: list[list[int]] = [[] for _ in nodes]
     for v, k in last.items():
         if v not in keep:

@@ -10,7 +10,11 @@ its fused multiply-adds are computed in float64 (exact product) and rounded once
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from ...kernels.fast import quantized
 
 F32, F64 = np.float32, np.float64
 
@@ -34,8 +38,14 @@ def _fma(a, b, c) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, F32)
+    if _SIGMOID is not None and x.ndim:
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        _SIGMOID(x.reshape(-1), out.reshape(-1))
+        return out
     with np.errstate(all="ignore"):
-        return _sigmoid(np.asarray(x, F32))
+        return _sigmoid(x)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -53,6 +63,47 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(np.signbit(x), f, F32(1) - f).astype(F32)
 
 
+def _compile_sigmoid():
+    """_sigmoid's steps element by element in one compiled loop, each rounded as there (no
+    fastmath; the fmas in float64): a SwiGLU's sigmoid took 40 us in numpy's dozen passes."""
+    if quantized.BACKEND != "numba":  # numba not installed, or EXECUPY_NUMBA=0
+        return None
+    import numba
+
+    log2e, magic, ln2_hi, ln2_lo = F64(_LOG2E), F64(_MAGIC_BIAS), F64(_MINUS_LN2_HI), F64(_MINUS_LN2_LO)
+    c2, c1, magic32, table = F64(_C2), F64(_C1), _MAGIC_BIAS, _TABLE
+    powers = np.ldexp(1.0, np.arange(-151, 1))  # 2**k for k = -151 .. 0, float64
+
+    @numba.njit(cache=True)
+    def sigmoid_into(x, out):
+        bits = np.empty(x.size, np.float32)  # n's bits pick the table entry, as _sigmoid's view does
+        for i in range(x.size):
+            bits[i] = np.float32(-abs(F64(x[i])) * log2e + magic)
+        index = bits.view(np.uint32)
+        for i in range(x.size):
+            z = -abs(x[i])
+            n = bits[i]
+            entry = table[index[i] & np.uint32(31)]
+            n = np.float32(n - magic32)
+            t = np.float32(F64(n) * ln2_hi + F64(z))
+            t = np.float32(F64(n) * ln2_lo + F64(t))
+            p = np.float32(F64(t) * c2 + c1)
+            t = np.float32(t * entry)
+            p = np.float32(F64(t) * F64(p) + F64(entry))
+            # scalef(p, n) = p * 2**floor(n), exact in float64, rounded once; n <= 0, and from
+            # floor(n) = -151 on, p * 2**floor(n) (p < 2) rounds to 0, as it does for -inf and
+            # NaN (where numpy's ldexp gets INT_MIN and so does p * 0 here, p being finite or NaN)
+            whole = np.floor(n)
+            inside = whole >= -151.0
+            e = np.float32(F64(p) * (powers[np.int64(whole) + 151 if inside else 0] if inside else 0.0))
+            f = np.float32(e / np.float32(e + np.float32(1)))
+            out[i] = f if math.copysign(1.0, x[i]) < 0 else np.float32(np.float32(1) - f)
+
+    return sigmoid_into
+
+
+_SIGMOID = _compile_sigmoid()
+
 # ---------------------------------------------------------------- reciprocal square root
 # XNNPACK's f32 rsqrt on AVX-512 starts from the CPU's 14-bit estimate (vrsqrt14ps) and takes
 # one Newton-Raphson step, x1 = x0 - (a * (x0 * x0) - 1) * (0.5 * x0), each operation rounded
@@ -61,51 +112,31 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 # correctly rounded 1 / sqrt stands in (it differs from XNNPACK's in the last bit at times).
 
 
-def _compile_rsqrt14():
+def _compile_rsqrt():
     try:
-        import numba
-        from llvmlite import binding, ir
-        from numba import types
-        from numba.extending import intrinsic
+        from llvmlite import binding
+
+        if not binding.get_host_cpu_features().get("avx512f", False):
+            return None, None
+        from . import vmath_jit  # module level: numba's disk cache finds its kernels (closures missed it)
     except ImportError:
-        return None
-    if not binding.get_host_cpu_features().get("avx512f", False):
-        return None
-
-    @intrinsic
-    def _estimate(typingctx, a):
-        if a != types.float32:
-            return None
-
-        def codegen(context, builder, sig, args):
-            vec = ir.VectorType(ir.FloatType(), 4)
-            fn = builder.module.declare_intrinsic("llvm.x86.avx512.rsqrt14.ss", fnty=ir.FunctionType(
-                vec, [vec, vec, vec, ir.IntType(8)]))
-            v = builder.insert_element(ir.Constant(vec, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
-            r = builder.call(fn, [v, v, ir.Constant(vec, [0.0] * 4), ir.Constant(ir.IntType(8), -1)])
-            return builder.extract_element(r, ir.Constant(ir.IntType(32), 0))
-
-        return types.float32(types.float32), codegen
-
-    @numba.njit(cache=True)
-    def rsqrt14(a):
-        out = np.empty_like(a)
-        flat, res = a.ravel(), out.ravel()
-        for i in range(flat.size):
-            res[i] = _estimate(flat[i])
-        return out
-
-    return rsqrt14
+        return None, None
+    return vmath_jit.rsqrt14, vmath_jit.rsqrt_newton
 
 
-_RSQRT14 = _compile_rsqrt14()
+_RSQRT14, _RSQRT = _compile_rsqrt()
+
+
+def newton_step(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """XNNPACK's refinement of the estimate y of 1 / sqrt(a) (0 where a is inf), in numpy."""
+    with np.errstate(all="ignore"):
+        y = y - (a * (y * y) - F32(1)) * (F32(0.5) * y)
+        return np.where(a == np.inf, F32(0), y).astype(F32)
 
 
 def rsqrt(x: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(x, F32)
-    with np.errstate(all="ignore"):
-        if _RSQRT14 is None:
+    if _RSQRT is None:
+        with np.errstate(all="ignore"):
             return (F32(1) / np.sqrt(a)).astype(F32)
-        y = _RSQRT14(a)
-        y = y - (a * (y * y) - F32(1)) * (F32(0.5) * y)
-        return np.where(a == np.inf, F32(0), y).astype(F32)
+    return _RSQRT(a.reshape(-1)).reshape(a.shape)

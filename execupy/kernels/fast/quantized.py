@@ -105,13 +105,27 @@ def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_s
     shift = 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None  # int4 or uint4 values
     if shift is None or group_size % 8:
         return _pack_bytes(q, s, offsets, group_size)
-    u = (q.T + np.int8(shift)).view(np.uint8)  # [K, N], values 0..15
-    pairs = u[0::2] | (u[1::2] << np.uint8(4))  # [K/2, N]: rows 2i (low) and 2i + 1 (high) in a byte
-    packed = np.zeros((k // 8, n), np.uint32)  # byte b of a word: pair 4i + b, so row 8i + r in bits 4r..4r+3
-    for b in range(4):
-        packed |= pairs[b::4].astype(np.uint32) << np.uint32(8 * b)
-    return PackedWeight(np.ascontiguousarray(packed), np.ascontiguousarray(s.T),
+    packed = nibble_words((q.T + np.int8(shift)).view(np.uint8))
+    return PackedWeight(packed, np.ascontiguousarray(s.T),
                         np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, 8)
+
+
+def nibble_words(u: np.ndarray) -> np.ndarray:
+    """uint8 [K, N] of values 0..15 (K a multiple of 8) -> uint32 [K/8, N], row 8i + r in bits 4r..4r+3."""
+    k, n = u.shape
+    pairs = u[0::2] | (u[1::2] << np.uint8(4))  # [K/2, N]: rows 2i (low) and 2i + 1 (high) in a byte
+    words = np.zeros((k // 8, n), np.uint32)  # byte b of a word: pair 4i + b, so row 8i + r in bits 4r..4r+3
+    for b in range(4):
+        words |= pairs[b::4].astype(np.uint32) << np.uint32(8 * b)
+    return words
+
+
+def unpack_nibbles(words: np.ndarray) -> np.ndarray:
+    """nibble_words undone: uint32 [K/8, N] -> uint8 [K, N]."""
+    rows = np.empty((words.shape[0] * 8, words.shape[1]), np.uint8)
+    for r in range(8):
+        rows[r::8] = (words >> np.uint32(4 * r)) & np.uint32(15)
+    return rows
 
 
 def _pack_bytes(q: np.ndarray, s: np.ndarray, offsets: np.ndarray, group_size: int) -> PackedWeight:
@@ -156,10 +170,7 @@ def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
         for r in range(4):
             rows[r::4] = (w.qt[:, j0:j1] << np.int32(24 - 8 * r)) >> np.int32(24)
         return rows
-    rows = np.empty((w.k, j1 - j0), np.uint8)
-    for r in range(8):
-        rows[r::8] = (w.qt[:, j0:j1] >> np.uint32(4 * r)) & np.uint32(15)
-    return rows
+    return unpack_nibbles(w.qt[:, j0:j1])
 
 
 def dequantize_columns(w: PackedWeight, j0: int, j1: int) -> np.ndarray:

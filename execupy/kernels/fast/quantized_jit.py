@@ -90,6 +90,17 @@ def _word_columns(x, qt, scales, offsets, group_size, wide, j0, j1, out):
     out[j0:j1] = total
 
 
+@numba.njit(cache=True, fastmath=True, inline="always")
+def nibble_dot(v, x0, x1, x2, x3, x4, x5, x6, x7):
+    # x0..x7 times the eight 4-bit values of a uint32 word (row 8i + r in bits 4r..4r+3), a shift
+    # and a mask each in the lane; the word stays uint32 (explicit casts): numba would widen the
+    # shifts to int64 and halve the lanes
+    return (x0 * np.float32(np.int32(v & _M4)) + x1 * np.float32(np.int32((v >> _S4) & _M4))
+            + x2 * np.float32(np.int32((v >> _S8) & _M4)) + x3 * np.float32(np.int32((v >> _S12) & _M4))
+            + x4 * np.float32(np.int32((v >> _S16) & _M4)) + x5 * np.float32(np.int32((v >> _S20) & _M4))
+            + x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28)))
+
+
 @numba.njit(cache=True, fastmath=True)
 def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
     # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
@@ -104,11 +115,7 @@ def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
             x0, x1, x2, x3, x4, x5, x6, x7 = x[c], x[c + 1], x[c + 2], x[c + 3], x[c + 4], x[c + 5], x[c + 6], x[c + 7]
             row = qt[b, j0:j1]
             for j in range(n):
-                v = row[j]
-                acc[j] += (x0 * np.float32(np.int32(v & _M4)) + x1 * np.float32(np.int32((v >> _S4) & _M4))
-                           + x2 * np.float32(np.int32((v >> _S8) & _M4)) + x3 * np.float32(np.int32((v >> _S12) & _M4))
-                           + x4 * np.float32(np.int32((v >> _S16) & _M4)) + x5 * np.float32(np.int32((v >> _S20) & _M4))
-                           + x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28)))
+                acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
         xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs

@@ -26,11 +26,13 @@ public functions use.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
+from ..cores import SECOND_CORE
 from . import quantized
 
 # Below this many multiply-adds a second thread costs more to wake than it saves on 2 shared
@@ -46,26 +48,39 @@ BLAS_EXACT_INPUTS = 512
 # numba kernel's worker threads left spinning after it slowed the BLAS products between (a BERT
 # forward: 0.44 s with them, 0.05 s on one thread each); fewer rows keep the numba kernel.
 CHANNELWISE_BLAS_MIN_ROWS = 8
-TILE = 256  # output channels per weight tile: the compiled kernel's block sums for a tile stay in L1
+TILE = 256  # output channels per weight tile of the many-row kernel: a tile's block sums stay in L1
+# Fewer rows than this (a decode step) take the mat-vec kernel, which reads the 4-bit words once per row;
+# more (a prompt) unpack a tile of weights once and run every row over it.
+MATVEC_MAX_ROWS = 4
+# A block's sum of (q + 128) * (w + 8) is at most 255 * 15 per input: below 2**24, exact in float32 in any order.
+MAX_EXACT_BLOCK = (1 << 24) // (255 * 15)
 
 
 @dataclass
 class BlockwiseWeight:
-    """A qb4w filter laid out once, at init, for the products below. The N output channels
-    are cut into tiles of TILE (the last one padded with zero weights): tiles int8
-    [N / TILE, K, TILE] holds the signed weights, so that a tile's block of inputs is one
-    contiguous run; scales float32 [K / block, N'] (the bf16 values) and ksum float32 [N']
-    (as XNNPACK packs it) are padded alike."""
+    """A qb4w filter laid out once, at init, for the products below: words uint32 [K/8, N], the
+    stored 4-bit values (signed weight + 8) eight inputs to a word as the grouped 4-bit kernels
+    keep them (`quantized.nibble_words`: half the bytes of one int8 per weight, and a decode step
+    reads every weight once); scales float32 [K / block, N] (the bf16 values) and ksum float32 [N]
+    (as XNNPACK packs it)."""
 
-    tiles: np.ndarray
+    words: np.ndarray
     scales: np.ndarray
     ksum: np.ndarray
     block: int
-    n: int  # output channels before padding
+    serial_s: float = 0.0  # the last one-thread mat-vec on it, seconds (0: none yet); see kernels/cores.py
+
+    @property
+    def n(self) -> int:
+        return self.words.shape[1]
+
+    @property
+    def k(self) -> int:
+        return self.words.shape[0] * 8
 
 
 def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
-    """w int8 [N, K] (signed), scales [N, K / block]."""
+    """w int8 [N, K] (signed, -8..7), scales [N, K / block]; the block a multiple of KSUM_CHUNK."""
     n, k = w.shape
     block = k // scales.shape[1]
     scales = np.asarray(scales, F32)
@@ -74,10 +89,8 @@ def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
     ksum = np.zeros(n, F32)
     for t in terms.T:  # float32, in input order, as XNNPACK's packing loop adds them
         ksum = ksum - t
-    pad = -n % TILE
-    wT = np.pad(np.asarray(w, np.int8).T, ((0, 0), (0, pad)))
-    tiles = np.ascontiguousarray(wT.reshape(k, -1, TILE).transpose(1, 0, 2))
-    return BlockwiseWeight(tiles, np.pad(scales.T, ((0, 0), (0, pad))), np.pad(ksum, (0, pad)), block, n)
+    words = quantized.nibble_words((np.asarray(w, np.int8).T + np.int8(8)).view(np.uint8))
+    return BlockwiseWeight(words, np.ascontiguousarray(scales.T), ksum, block)
 
 
 def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -111,15 +124,15 @@ def gemm_blockwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: 
                          bias: Optional[np.ndarray]) -> np.ndarray:
     """q int8 [M, K], zp int32 [M], x_scale float32 [M] -> float32 [M, N] (before the clamp)."""
     m, k = q.shape
-    nb, n_padded = w.scales.shape
+    nb = w.scales.shape[0]
     a = (q.astype(F32) + F32(UNSIGNED_OFFSET)).reshape(m, nb, w.block).transpose(1, 0, 2)
-    # [tiles, nb, M, TILE]: each block's sum is an integer below 2**24, exact in float32 in any order
-    acc = np.matmul(a[None], w.tiles.reshape(-1, nb, w.block, TILE).astype(F32))
-    acc = acc.transpose(1, 2, 0, 3).reshape(nb, m, n_padded)
+    signed = quantized.unpack_nibbles(w.words).astype(F32) - F32(8)  # [K, N]
+    # [nb, M, N]: each block's sum is an integer below 2**24, exact in float32 in any order
+    acc = np.matmul(a, signed.reshape(nb, w.block, w.n))
     v = w.ksum[None, :] * (zp.astype(F32) + F32(UNSIGNED_OFFSET))[:, None]
     for b in range(nb):
         v = _fma(acc[b], w.scales[None, b], v)
-    v = (v * x_scale.astype(F32)[:, None])[:, :w.n]
+    v = v * x_scale.astype(F32)[:, None]
     return v if bias is None else v + bias.astype(F32)
 
 
@@ -165,17 +178,37 @@ def _compile() -> Optional[dict[str, Callable]]:
         return q, scale, zero
 
     def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
-        m, (n_tiles, k, _) = q.shape[0], w.tiles.shape
+        q, m = np.ascontiguousarray(q, np.int8), q.shape[0]
+        out = np.empty((m, w.n), F32)
+        bias = np.zeros(w.n, F32) if bias is None else np.asarray(bias, F32)
+        zp, x_scale = np.asarray(zp, np.int32), np.asarray(x_scale, F32)
+        if m < MATVEC_MAX_ROWS:
+            blockwise_matvec(q, zp, x_scale, w, bias, out)
+            return out
+        run = K.blockwise_tiles_parallel if m * w.n * w.k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1 \
+            else K.blockwise_tiles
         a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
-        out = np.empty((m, n_tiles * TILE), F32)
-        padded_bias = np.zeros(n_tiles * TILE, F32)
-        if bias is not None:
-            padded_bias[:w.n] = bias
-        run = K.blockwise_parallel if m * w.n * k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1 else \
-            K.blockwise_serial
-        run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale.astype(F32), w.tiles, w.scales, w.ksum, padded_bias,
-            w.block, out)
-        return out[:, :w.n]
+        run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
+        return out
+
+    cores = numba.config.NUMBA_NUM_THREADS
+
+    def blockwise_matvec(q, zp, x_scale, w: BlockwiseWeight, bias, out, threads: Optional[int] = None):
+        """out float32 [M, N] for a few rows (M < MATVEC_MAX_ROWS): q int8 [M, K], zp int32 [M],
+        x_scale float32 [M], bias float32 [N] (zeros for none). `threads` overrides the choice
+        between one thread and all of them (kernels/cores.py); either adds in the same order."""
+        chosen = threads is None
+        if chosen:
+            big = w.n * w.k >= quantized.PARALLEL_MIN_WEIGHTS and cores > 1
+            threads = cores if big and SECOND_CORE.free(w) else 1
+        t0 = time.perf_counter()
+        if threads > 1:
+            K.blockwise_matvec_parallel(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, threads, out)
+        else:
+            K.blockwise_matvec(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
+        if chosen:
+            SECOND_CORE.took(w, threads, time.perf_counter() - t0)
+        return out
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
         m, n = q.shape[0], w.shape[0]
@@ -188,7 +221,25 @@ def _compile() -> Optional[dict[str, Callable]]:
                      w_scale.astype(F32), bias, out)
         return out
 
-    return {"blockwise": blockwise, "channelwise": channelwise, "quantize_rows": quantize_rows}
+    return {"blockwise": blockwise, "blockwise_matvec": blockwise_matvec, "channelwise": channelwise,
+            "quantize_rows": quantize_rows}
+
+
+def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[np.ndarray, np.ndarray, np.ndarray],
+                                                                             np.ndarray]:
+    """(q, zp, x_scale) -> the product with w (+ bias), bound once: a decode step calls a
+    SmolLM2's 211 of them per token, each a mat-vec of a few microseconds."""
+    if NUMBA is None:
+        return lambda q, zp, x_scale: gemm_blockwise_numpy(q, zp, x_scale, w, bias)
+    matvec, general = NUMBA["blockwise_matvec"], NUMBA["blockwise"]
+    bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
+
+    def product(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray) -> np.ndarray:
+        if q.shape[0] < MATVEC_MAX_ROWS:  # q int8, zp int32, x_scale float32 as quantize_rows makes them
+            return matvec(q, zp, x_scale, w, bias_or_zeros, np.empty((q.shape[0], w.n), F32))
+        return general(q, zp, x_scale, w, bias)
+
+    return product
 
 
 # Compiled where the grouped kernels are (numba installed, EXECUPY_NUMBA not 0).
