@@ -73,6 +73,9 @@ def sum_all(x: np.ndarray, dtype: Optional[int] = None, out: np.ndarray = None) 
 @register_kernel("aten::mean.out")
 def mean_dim(x: np.ndarray, dim: Dims = None, keepdim: bool = False, dtype: Optional[int] = None,
              out: np.ndarray = None) -> np.ndarray:
+    if _last_dim_float32(x, dim, keepdim, dtype, out):  # an RMSNorm's mean: the same sums, fewer steps
+        with np.errstate(all="ignore"):
+            return np.true_divide(np.cumsum(x, axis=-1, dtype=np.float32)[..., -1:], x.shape[-1], out=out)
     x = _cast_input(x, dtype)
     if not is_float(out.dtype):
         raise TypeError(f"mean needs a floating output, got {out.dtype}")
@@ -81,6 +84,13 @@ def mean_dim(x: np.ndarray, dim: Dims = None, keepdim: bool = False, dtype: Opti
     with np.errstate(all="ignore"):  # the mean of nothing is 0 / 0 = NaN, as in ATen
         total = sequential_sum(x, axes, acc, keepdim)
         return write(out, np.true_divide(total, _count(x, axes), dtype=acc))
+
+
+def _last_dim_float32(x: np.ndarray, dim: Dims, keepdim: bool, dtype: Optional[int], out: np.ndarray) -> bool:
+    """A float32 mean over the last dim, kept, into an out of exactly that shape."""
+    return (keepdim and dtype is None and x.dtype == np.float32 and out.dtype == np.float32 and x.ndim > 0
+            and x.shape[-1] > 0 and dim is not None and len(dim) == 1 and dim[0] in (-1, x.ndim - 1)
+            and out.shape == x.shape[:-1] + (1,))
 
 
 def sequential_sum(x: np.ndarray, axes: Optional[tuple[int, ...]], acc: np.dtype, keepdim: bool) -> np.ndarray:
