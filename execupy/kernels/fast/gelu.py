@@ -18,7 +18,6 @@ missing or EXECUPY_NUMBA=0; the portable kernel then keeps its numpy path.
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Callable, Optional
 
 import numpy as np
@@ -95,7 +94,7 @@ def _compile() -> Optional[Callable[[np.ndarray, np.ndarray], None]]:
     if not elementwise.numba_enabled():
         return None
     source = kernel_source()
-    return elementwise._import_kernel(source, "gelu_" + hashlib.sha256(source.encode()).hexdigest()[:20])
+    return elementwise._import_kernel(source, "gelu_" + elementwise.source_digest(source))
 
 
 _KERNEL = _compile()
