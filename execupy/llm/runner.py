@@ -282,6 +282,7 @@ class LLMRunner:
         if not tokens:
             raise InvalidInputError("empty prompt: nothing to condition on")
         self._check_room(len(tokens))
+        trim_heap()  # before the weights come in: what was freed since loading (a released encoder)
         step = self.meta.max_prefill_len
         logits = None
         for start in range(0, len(tokens), step):
