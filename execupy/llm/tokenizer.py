@@ -222,6 +222,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_ALPHABET = frozenset(_BYTE_DECODER)
+_BYTE_TRANSLATION = str.maketrans({c: chr(b) for c, b in _BYTE_DECODER.items()})  # then latin-1: the bytes
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -300,8 +302,8 @@ class HFTokenizer(Tokenizer):
         if piece is None:
             return b""
         if self._byte_level:
-            if all(c in _BYTE_DECODER for c in piece):
-                return bytes(_BYTE_DECODER[c] for c in piece)
+            if _BYTE_ALPHABET.issuperset(piece):
+                return piece.translate(_BYTE_TRANSLATION).encode("latin-1")
             return piece.encode()  # as the ByteLevel decoder does with a piece outside its alphabet
         m = _BYTE_PIECE.match(piece)
         return bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode()
