@@ -1,13 +1,14 @@
 """A program that needs no compiled kernel imports none of the optional heavy modules: numba
-(about 100 MiB resident), numpy.random (6 MiB: it loads OpenSSL) and hashlib (OpenSSL, 3 MiB).
-An fp32 LLM's greedy generation would otherwise carry them beside its weights."""
+(about 100 MiB resident), numpy.random (6 MiB: it loads OpenSSL), hashlib (OpenSSL, 3 MiB),
+ml_dtypes (2.5 MiB, for bfloat16 and float8) and numpy.polynomial (1.3 MiB, for erf). An fp32
+LLM's greedy generation would otherwise carry them beside its weights."""
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-HEAVY = ("numba", "numpy.random", "_hashlib")
+HEAVY = ("numba", "numpy.random", "_hashlib", "ml_dtypes", "numpy.polynomial")
 
 
 def test_an_fp32_program_sampled_greedily_imports_no_heavy_module():

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import numpy as np
 from numpy.polynomial import polyutils
 
-from ..portable.unary import _ERF_SMALL, _ERFCX_MID
+from ..portable.unary import erf_fits
 from . import elementwise
 
 
@@ -45,7 +45,8 @@ def kernel_source() -> str:
     # erf_f64. Each element goes through exactly the operations of its own branch.
     lines = ["import math", "import numba", "import numpy as np", "",
              "SQRT_HALF, HALF, ONE = np.float32(math.sqrt(0.5)), np.float32(0.5), np.float32(1)", "", ""]
-    lines += _clenshaw("erf_small", _ERF_SMALL) + _clenshaw("erfcx_mid", _ERFCX_MID)
+    erf_small, erfcx_mid = erf_fits()
+    lines += _clenshaw("erf_small", erf_small) + _clenshaw("erfcx_mid", erfcx_mid)
     lines += ["@numba.njit(cache=True)",
               "def small(x, out, wide):",
               "    for i in range(x.shape[0]):",
