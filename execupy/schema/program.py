@@ -41,8 +41,6 @@ class ScalarType(IntEnum):
 
 
 def _numpy_dtypes() -> dict[int, np.dtype]:
-    import ml_dtypes
-
     return {
         ScalarType.BYTE: np.dtype(np.uint8),
         ScalarType.CHAR: np.dtype(np.int8),
@@ -57,21 +55,28 @@ def _numpy_dtypes() -> dict[int, np.dtype]:
         ScalarType.QINT8: np.dtype(np.int8),
         ScalarType.QUINT8: np.dtype(np.uint8),
         ScalarType.QINT32: np.dtype(np.int32),
-        ScalarType.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
         ScalarType.QUINT4X2: np.dtype(np.uint8),
         ScalarType.QUINT2X4: np.dtype(np.uint8),
         ScalarType.BITS16: np.dtype(np.uint16),
-        ScalarType.FLOAT8_E5M2: np.dtype(ml_dtypes.float8_e5m2),
-        ScalarType.FLOAT8_E4M3FN: np.dtype(ml_dtypes.float8_e4m3fn),
-        ScalarType.FLOAT8_E5M2FNUZ: np.dtype(ml_dtypes.float8_e5m2fnuz),
-        ScalarType.FLOAT8_E4M3FNUZ: np.dtype(ml_dtypes.float8_e4m3fnuz),
         ScalarType.UINT16: np.dtype(np.uint16),
         ScalarType.UINT32: np.dtype(np.uint32),
         ScalarType.UINT64: np.dtype(np.uint64),
     }
 
 
-NUMPY_DTYPE: dict[int, np.dtype] = _numpy_dtypes()
+# Types numpy lacks, by their name in ml_dtypes. That module is imported only when a program
+# uses one of them: it costs a process 2.5 MiB resident, which an fp32 program need not carry
+# (and no array can have such a dtype before something imports it).
+_ML_DTYPES: dict[int, str] = {
+    ScalarType.BFLOAT16: "bfloat16",
+    ScalarType.FLOAT8_E5M2: "float8_e5m2",
+    ScalarType.FLOAT8_E4M3FN: "float8_e4m3fn",
+    ScalarType.FLOAT8_E5M2FNUZ: "float8_e5m2fnuz",
+    ScalarType.FLOAT8_E4M3FNUZ: "float8_e4m3fnuz",
+}
+_ML_SCALAR_TYPES: dict[str, int] = {name: code for code, name in _ML_DTYPES.items()}
+
+NUMPY_DTYPE: dict[int, np.dtype] = _numpy_dtypes()  # ml_dtypes' types join at their first use
 # The inverse map prefers the plain types (int8 -> CHAR, not QINT8).
 SCALAR_TYPE: dict[np.dtype, int] = {}
 for _code, _dt in reversed(list(NUMPY_DTYPE.items())):
@@ -82,11 +87,22 @@ for _code in (ScalarType.BYTE, ScalarType.CHAR, ScalarType.INT, ScalarType.UINT1
 
 def numpy_dtype(scalar_type: int) -> np.dtype:
     """numpy dtype for a ScalarType code; KeyError for codes we do not support."""
-    return NUMPY_DTYPE[scalar_type]
+    dtype = NUMPY_DTYPE.get(scalar_type)
+    if dtype is None:
+        import ml_dtypes
+
+        dtype = NUMPY_DTYPE[scalar_type] = np.dtype(getattr(ml_dtypes, _ML_DTYPES[scalar_type]))
+    return dtype
 
 
 def scalar_type_of(dtype) -> int:
-    return SCALAR_TYPE[np.dtype(dtype)]
+    dtype = np.dtype(dtype)
+    code = SCALAR_TYPE.get(dtype)
+    if code is None and dtype.type.__module__ == "ml_dtypes":
+        code = _ML_SCALAR_TYPES.get(dtype.name)
+    if code is None:
+        raise KeyError(dtype)
+    return code
 
 
 class TensorShapeDynamism(IntEnum):

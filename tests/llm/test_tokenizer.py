@@ -134,6 +134,23 @@ def test_streaming_decode_holds_back_split_characters(hf_folder):
     assert "".join(tok.decode_token(i) for i in ids) + tok.reset_stream() == text
 
 
+def test_released_encoder_streams_the_same_bytes_and_loads_again_to_encode(hf_folder):
+    """`execupy generate` releases the encoder after the prompt: the library's vocabulary maps
+    leave memory, the stream reads every token's bytes from a table, and encoding still works."""
+    tok = load_tokenizer(hf_folder)
+    text = "<|im_start|>emoji 😀 and 日本語 done<|im_end|>"
+    ids = tok.encode_raw(text)
+    every_id = range(tok.vocab_size)
+    before = [(tok.token_bytes(i), tok.token_bytes(i, special=True)) for i in every_id]
+    tok.release_encoder()
+    assert tok._library is None  # the `tokenizers` object (9 MiB for SmolLM2) is gone
+    assert [(tok.token_bytes(i), tok.token_bytes(i, special=True)) for i in every_id] == before
+    stream = tok.stream_decoder(special=True)
+    assert "".join(map(stream.put, ids)) + stream.flush() == text
+    assert tok._library is None  # streaming did not need it back
+    assert tok.encode_raw(text) == ids and tok.decode(ids, skip_special=False) == text  # read again
+
+
 def test_chat_template_renders_and_encodes(hf_folder):
     tok = load_tokenizer(hf_folder)
     messages = [{"role": "user", "content": "What is the capital of France?"}]

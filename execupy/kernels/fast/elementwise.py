@@ -20,7 +20,6 @@ Numba is the optional `fast` extra; `EXECUPY_NUMBA=0` turns it off here as every
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import sys
@@ -107,7 +106,7 @@ def compile_chain(source: str, args: Sequence[object]) -> Callable:
     again in the next process; where the cache cannot be written it is compiled in memory."""
     import numba
 
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    digest = source_digest(source)
     kernel = _LOADED.get(digest)
     if kernel is None:
         kernel = _import_kernel(source, digest)
@@ -119,6 +118,14 @@ def compile_chain(source: str, args: Sequence[object]) -> Callable:
         kernel = _LOADED[digest] = _compile_in_memory(source, digest)
         kernel.compile(types)
     return kernel
+
+
+def source_digest(source: str) -> str:
+    """The name a generated kernel's source is cached under. hashlib is imported here, as
+    numba is, only when a kernel is compiled: it loads OpenSSL (3 MiB resident)."""
+    import hashlib
+
+    return hashlib.sha256(source.encode()).hexdigest()[:20]
 
 
 def _import_kernel(source: str, digest: str) -> Callable:

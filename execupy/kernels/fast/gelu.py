@@ -18,13 +18,12 @@ missing or EXECUPY_NUMBA=0; the portable kernel then keeps its numpy path.
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Callable, Optional
 
 import numpy as np
 from numpy.polynomial import polyutils
 
-from ..portable.unary import _ERF_SMALL, _ERFCX_MID
+from ..portable.unary import erf_fits
 from . import elementwise
 
 
@@ -46,7 +45,8 @@ def kernel_source() -> str:
     # erf_f64. Each element goes through exactly the operations of its own branch.
     lines = ["import math", "import numba", "import numpy as np", "",
              "SQRT_HALF, HALF, ONE = np.float32(math.sqrt(0.5)), np.float32(0.5), np.float32(1)", "", ""]
-    lines += _clenshaw("erf_small", _ERF_SMALL) + _clenshaw("erfcx_mid", _ERFCX_MID)
+    erf_small, erfcx_mid = erf_fits()
+    lines += _clenshaw("erf_small", erf_small) + _clenshaw("erfcx_mid", erfcx_mid)
     lines += ["@numba.njit(cache=True)",
               "def small(x, out, wide):",
               "    for i in range(x.shape[0]):",
@@ -95,7 +95,7 @@ def _compile() -> Optional[Callable[[np.ndarray, np.ndarray], None]]:
     if not elementwise.numba_enabled():
         return None
     source = kernel_source()
-    return elementwise._import_kernel(source, "gelu_" + hashlib.sha256(source.encode()).hexdigest()[:20])
+    return elementwise._import_kernel(source, "gelu_" + elementwise.source_digest(source))
 
 
 _KERNEL = _compile()

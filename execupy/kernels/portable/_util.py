@@ -1,31 +1,40 @@
 """Helpers shared by the portable kernels: result writing and ATen type promotion."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-# numpy cannot do arithmetic in these natively (or does it slowly); compute in float32.
-_LOW_PRECISION = {np.dtype(np.float16)}
-try:
-    import ml_dtypes
+class _LowPrecision(dict):
+    """dtype -> whether numpy cannot do arithmetic in it natively (or does it slowly): float16,
+    bfloat16, float8; kernels compute in float32 instead. Filled as dtypes are first asked
+    about, so that ml_dtypes (2.5 MiB resident) is never imported here: no array can have one
+    of its types before something else imported it."""
 
-    _LOW_PRECISION |= {np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
-except ImportError:  # pragma: no cover
-    pass
+    _ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2"})
+
+    def __missing__(self, key) -> bool:
+        dtype = np.dtype(key)
+        low = dtype == np.float16 or (dtype.type.__module__ == "ml_dtypes" and dtype.name in self._ML_DTYPES)
+        self[key] = low
+        return low
+
+
+LOW_PRECISION = _LowPrecision()  # LOW_PRECISION[dtype] -> bool
 
 # Creation kernels refuse to build larger tensors: a hostile program must not make us
 # allocate gigabytes from one Int value (32M elements = 256 MiB of int64).
 MAX_CREATED_ELEMENTS = 1 << 25
 
 
-_RANDOM = np.random.default_rng()
-
-
+@functools.cache
 def random_generator() -> np.random.Generator:
     """The generator behind the random kernels (rand, randn, native_dropout). Like
-    ExecuTorch's, it is seeded from OS entropy: programs draw fresh values on every run."""
-    return _RANDOM
+    ExecuTorch's, it is seeded from OS entropy: programs draw fresh values on every run.
+    Made at the first call: importing numpy.random costs a process 6 MiB resident (it
+    loads OpenSSL), and most programs draw nothing."""
+    return np.random.default_rng()
 
 
 def write(out: np.ndarray, result: Any) -> np.ndarray:
@@ -41,12 +50,12 @@ def write(out: np.ndarray, result: Any) -> np.ndarray:
 
 
 def is_float(dtype: np.dtype) -> bool:
-    return np.issubdtype(dtype, np.floating) or dtype in _LOW_PRECISION
+    return np.issubdtype(dtype, np.floating) or LOW_PRECISION[dtype]
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype to do arithmetic in for a result of `dtype` (float32 for half types)."""
-    return np.dtype(np.float32) if dtype in _LOW_PRECISION else dtype
+    return np.dtype(np.float32) if LOW_PRECISION[dtype] else dtype
 
 
 def as_compute(x: Any, dtype: np.dtype) -> Any:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..registry import register_kernel
-from ._util import _LOW_PRECISION, compute_dtype, is_float, write
+from ._util import LOW_PRECISION, compute_dtype, is_float, write
 
 BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
@@ -116,7 +116,7 @@ def binary(ufunc: Callable, a: Any, b: Any, out: np.ndarray, dtype: Optional[np.
     """Apply `ufunc` to broadcast operands in `dtype` (default: out's compute dtype) and
     store into `out`; straight into it when nothing needs casting or reshaping."""
     if (dtype is None and type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype == out.dtype
-            and a.shape == b.shape == out.shape and out.dtype not in _LOW_PRECISION):
+            and a.shape == b.shape == out.shape and not LOW_PRECISION[out.dtype]):
         ufunc(a, b, out=out)  # the hot case; Method.execute already silences FP warnings
         return out
     dtype = compute_dtype(out.dtype) if dtype is None else dtype

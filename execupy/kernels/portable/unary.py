@@ -12,6 +12,7 @@ Both compute in out's dtype, float32 for float16/bfloat16 as ATen's opmath does.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Optional
 
@@ -21,12 +22,14 @@ from ..registry import register_kernel
 from ._util import compute_dtype, is_float, write
 from .binary import BOOL, operand
 
-try:
-    import ml_dtypes
 
-    _finfo = ml_dtypes.finfo  # knows bfloat16 as well as the numpy float types
-except ImportError:  # pragma: no cover
-    _finfo = np.finfo
+def _finfo(dtype: np.dtype):
+    """np.finfo, or ml_dtypes.finfo for its own types (bfloat16...), which numpy does not know."""
+    if dtype.type.__module__ == "ml_dtypes":
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
 
 
 def unary(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -57,13 +60,16 @@ def _require_float(out: np.ndarray, name: str) -> None:
 
 # ----------------------------------------------------------------------------- erf
 # numpy has no erf. Chebyshev interpolants of two smooth helpers, fitted once against
-# math.erf/erfc at import, give erf to about 1e-15 (relative near 0, absolute elsewhere):
+# math.erf/erfc at the first erf (not at import: numpy.polynomial costs a process 1.3 MiB
+# resident), give erf to about 1e-15 (relative near 0, absolute elsewhere):
 #   |x| < 1:      erf(x) = x * g(x*x),               g(t) = erf(sqrt t) / sqrt t
 #   1 <= |x| < 6: erf(x) = 1 - exp(-x*x) * erfcx(x), erfcx(x) = exp(x*x) * erfc(x)
 #   |x| >= 6:     erf(x) = sign(x)   (erfc(6) is below half an ulp of 1)
 
 
-def _fit_erf() -> tuple[np.polynomial.Chebyshev, np.polynomial.Chebyshev]:
+@functools.cache
+def erf_fits() -> tuple[np.polynomial.Chebyshev, np.polynomial.Chebyshev]:
+    """The interpolants of g on [0, 1] and of erfcx on [1, 6] (see above)."""
     erf = np.frompyfunc(math.erf, 1, 1)
     erfc = np.frompyfunc(math.erfc, 1, 1)
 
@@ -78,21 +84,19 @@ def _fit_erf() -> tuple[np.polynomial.Chebyshev, np.polynomial.Chebyshev]:
     return cheb.interpolate(g, 12, domain=[0, 1]), cheb.interpolate(erfcx, 25, domain=[1, 6])
 
 
-_ERF_SMALL, _ERFCX_MID = _fit_erf()
-
-
 def erf_f64(x: np.ndarray) -> np.ndarray:
     """erf in float64 (NaN stays NaN, +-inf gives +-1)."""
+    erf_small, erfcx_mid = erf_fits()
     shape = np.shape(x)
     x = np.asarray(x, np.float64).reshape(-1)  # 1-d, so that masked assignment works for 0-dim input
     ax = np.abs(x)
     result = np.sign(x)  # the |x| >= 6 answer, and NaN for NaN
     small = ax < 1.0
     xs = x[small]
-    result[small] = xs * _ERF_SMALL(xs * xs)
+    result[small] = xs * erf_small(xs * xs)
     mid = (ax >= 1.0) & (ax < 6.0)
     xm = ax[mid]
-    result[mid] = np.sign(x[mid]) * (1.0 - np.exp(-xm * xm) * _ERFCX_MID(xm))
+    result[mid] = np.sign(x[mid]) * (1.0 - np.exp(-xm * xm) * erfcx_mid(xm))
     return result.reshape(shape)
 
 
