@@ -65,15 +65,19 @@ def test_a_mat_vec_starts_on_one_thread_and_the_call_restores_blas(rows, product
     assert blas_threads.threads() == default
 
 
-def test_a_prompts_product_runs_in_two_halves_one_blas_thread_each(monkeypatch):
-    """A large product splits a's rows between this thread and a worker, BLAS on one thread in
-    each (OpenBLAS's own threads spin waiting for each other, which stalls on a busy machine)."""
+def test_a_prompts_product_runs_in_halves_while_the_other_core_is_busy(monkeypatch):
+    """A large product runs on BLAS's threads, timed; while the rule of kernels/cores.py says
+    the other core is busy it splits a's rows between this thread and a worker, BLAS on one
+    thread in each (OpenBLAS's own threads spin waiting for each other, which stalls)."""
     if blas_threads.default_threads() is None or blas_threads.default_threads() < 2:
         pytest.skip("needs numpy's OpenBLAS on two or more threads")
     import threading
 
+    from execupy.kernels import cores
     from execupy.kernels.cores import CallSite
 
+    monkeypatch.setattr(blas_threads, "SECOND_CORE", cores.SecondCore())
+    monkeypatch.setattr(blas_threads, "_FASTEST", [0.0])
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((300, 64), dtype=np.float32), rng.standard_normal((64, 40), dtype=np.float32)
     want = a @ b
@@ -87,17 +91,34 @@ def test_a_prompts_product_runs_in_two_halves_one_blas_thread_each(monkeypatch):
         lambda: halves_seen(a[:150], b, out=out[:150]), lambda: halves_seen(a[150:], b, out=out[150:])) or out)
     out = np.empty((300, 40), np.float32)
     assert blas_threads.product(CallSite(), 40, np.matmul, a, b, out=out) is out
+    assert seen == [] and blas_threads._FASTEST[0] > 0  # whole, on BLAS's threads, and timed
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
+    blas_threads.SECOND_CORE.serial_until = float("inf")  # as after stalls: the other core is busy
+    out[:] = 0
+    assert blas_threads.product(CallSite(), 40, np.matmul, a, b, out=out) is out
     assert sorted(seen) == [(False, 1), (True, 1)]  # one half here, one on the worker, one BLAS thread each
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
     monkeypatch.undo()
-    out[:] = 0
-    blas_threads.product(CallSite(), 40, np.matmul, a, b, out=out)
-    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
-    # the portable mm kernel, its out a dynamic tensor's larger planned storage: a new array
+    monkeypatch.setattr(blas_threads.SECOND_CORE, "serial_until", float("inf"))
+    monkeypatch.setattr(blas_threads, "_FASTEST", [1.0])
+    # the real halves, and the portable mm kernel whose out is a dynamic tensor's larger
+    # planned storage: a new array, as the kernel returns one
     planned = np.empty((400, 40), np.float32)
     result = blas_threads.product(CallSite(), 40, linalg.mm, a, b, planned)
     assert result.shape == (300, 40) and result is not planned
     np.testing.assert_allclose(result, want, rtol=1e-6, atol=1e-5)
-    assert blas_threads.threads() == 1  # until the method's call ends (restore)
     blas_threads.restore()
 
+
+def test_a_large_product_many_times_slower_than_the_fastest_counts_as_a_stall(monkeypatch):
+    if blas_threads.default_threads() is None or blas_threads.default_threads() < 2:
+        pytest.skip("needs numpy's OpenBLAS on two or more threads")
+    from execupy.kernels import cores
+
+    monkeypatch.setattr(blas_threads, "SECOND_CORE", cores.SecondCore())
+    monkeypatch.setattr(blas_threads, "_FASTEST", [1e15])  # as if a product had run at a petaflop
+    halves = []
+    for _ in range(3):  # real products, each far slower than that: stalls, then the halves
+        blas_threads.large(1e6, lambda: np.ones((64, 64)) @ np.ones((64, 64)), lambda: halves.append(1))
+    assert halves == [1]
+    blas_threads.restore()

@@ -8,13 +8,18 @@ shared cores at load 3.6: 26 ms per token on one thread, 143 ms on two). So a pr
 fewer than `EXECUPY_BLAS_SMALL_ROWS` rows (default 16) takes BLAS's threads only when the
 process-wide rule of kernels/cores.py says the other core is free (each product step times
 itself; a slow two-thread call sends every site to one thread for a few seconds), and a
-larger one (a long prompt: compute-bound) uses both cores too, but not through OpenBLAS's
-threads: `out = a @ b` splits a's rows in two halves, one computed on a worker thread, one
-on the caller's, each with BLAS on one thread. OpenBLAS's threads spin waiting for each
-other, so when another process holds the second core every product waits for the scheduler
-(SmolLM2 fp32, a 113-token prompt on this shared 2-core machine at load 3.5: 59-95 tok/s on
-OpenBLAS's two threads, 213-364 in halves); the caller waits for its half without spinning,
-so a busy core costs that half's share, not a stall. A call of a method ends with BLAS set
+larger one (a long prompt: compute-bound) uses BLAS's threads while they keep pace: it is
+timed against the fastest rate (flops per second) a large product reached in this process, and
+`LARGE_STALL` times slower counts as a stall for the same rule. While that rule says the other
+core is busy, an `out = a @ b` of many rows (and a quantized linear's prompt path) runs in two
+halves instead, one on a worker thread and one on the caller's, each with BLAS on one thread:
+OpenBLAS's threads spin waiting for each other, so with another process on the second core each
+product waits for the scheduler, while the caller waits for its half without spinning. SmolLM2,
+a 113-token prompt with a shell loop spinning on one of the two cores: fp32 192-294 tok/s on
+OpenBLAS's threads, 255-418 with the halves; int4 122-184 and 278-380. On the idle machine
+OpenBLAS's threads were the faster (fp32 438-694 against 385-520 always in halves), hence the
+rule. `EXECUPY_BLAS_HALVES=0` keeps every large product on OpenBLAS's threads.
+A call of a method ends with BLAS set
 back to the threads it had when execupy was imported.
 
 Only numpy's bundled OpenBLAS is steered (its thread-count functions, found with ctypes);
@@ -93,15 +98,46 @@ def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) ->
         return fn(*args, **kwargs)
     if rows >= SMALL_ROWS:
         halves = _halves(fn, args, kwargs)
-        if halves is not None:
-            return in_halves(*halves)
-        _BLAS.use(_BLAS.default)
-        return fn(*args, **kwargs)
+        if halves is None:
+            _BLAS.use(_BLAS.default)
+            return fn(*args, **kwargs)
+        a, b, out = halves
+        return large(2.0 * a.shape[0] * a.shape[1] * b.shape[1], lambda: fn(*args, **kwargs),
+                     lambda: in_halves(a, b, out))
     threads = _BLAS.default if SECOND_CORE.free(site) else 1
     _BLAS.use(threads)
     t0 = time.perf_counter()
     result = fn(*args, **kwargs)
     SECOND_CORE.took(site, threads, time.perf_counter() - t0)
+    return result
+
+
+# A large product is a stall when it runs this many times slower than the fastest rate (flops
+# per second) a large product reached in this process: its time is milliseconds, steadier
+# than a mat-vec's microseconds, so a smaller margin than kernels/cores.py's STALL will do.
+LARGE_STALL = 5.0
+_FASTEST = [0.0]  # flops per second of the fastest large product so far
+
+
+def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
+    """A large product (`flops` multiply-adds times 2): whole() on BLAS's threads, or halves()
+    (two halves on two threads, see `both`) while the rule of kernels/cores.py says the other
+    core is busy; whole() timed against the fastest rate seen feeds that rule."""
+    if _BLAS is None or _BLAS.default < 2 or not HALVES:
+        if _BLAS is not None:
+            _BLAS.use(_BLAS.default)
+        return whole()
+    # the rule compares with `STALL` times a one-thread time: this "time" makes it LARGE_STALL times the expected
+    site = CallSite(flops / _FASTEST[0] * LARGE_STALL / SECOND_CORE.STALL if _FASTEST[0] else 0.0)
+    if site.serial_s and not SECOND_CORE.free(site):
+        return halves()
+    _BLAS.use(_BLAS.default)
+    t0 = time.perf_counter()
+    result = whole()
+    seconds = time.perf_counter() - t0
+    _FASTEST[0] = max(_FASTEST[0], flops / max(seconds, 1e-9))
+    if site.serial_s:
+        SECOND_CORE.took(site, _BLAS.default, seconds)
     return result
 
 
@@ -116,9 +152,7 @@ def both(first: Callable[[], object], second: Callable[[], object]) -> None:
     """first() on this thread and second() on the worker at the same time, BLAS on one thread
     in each (one after the other where BLAS has one thread anyway). Both must release the GIL
     for the work to overlap (BLAS and numba's nogil kernels do)."""
-    if _BLAS is None or _BLAS.default < 2 or not HALVES:
-        if _BLAS is not None:
-            _BLAS.use(_BLAS.default)
+    if _BLAS is None or _BLAS.default < 2:
         first(), second()
         return
     _BLAS.use(1)
