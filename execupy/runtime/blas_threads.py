@@ -18,9 +18,8 @@ product waits for the scheduler, while the caller waits for its half without spi
 a 113-token prompt with a shell loop spinning on one of the two cores: fp32 192-294 tok/s on
 OpenBLAS's threads, 255-418 with the halves; int4 122-184 and 278-380. On the idle machine
 OpenBLAS's threads were the faster (fp32 438-694 against 385-520 always in halves), hence the
-rule. `EXECUPY_BLAS_HALVES=0` keeps every large product on OpenBLAS's threads.
-A call of a method ends with BLAS set
-back to the threads it had when execupy was imported.
+rule. `EXECUPY_BLAS_HALVES=0` keeps every large product on OpenBLAS's threads. A call of a
+method ends with BLAS set back to the threads it had when execupy was imported.
 
 Only numpy's bundled OpenBLAS is steered (its thread-count functions, found with ctypes);
 with another BLAS nothing changes. The count last set is remembered here, so the switch
