@@ -3,6 +3,8 @@
 slower than one was; a large one on BLAS's threads, or, an `out = a @ b` of many rows, in two
 halves on two threads with BLAS on one thread each; every call of a method leaves BLAS as it
 found it."""
+import time
+
 import numpy as np
 import pytest
 
@@ -118,7 +120,12 @@ def test_a_large_product_many_times_slower_than_the_fastest_counts_as_a_stall(mo
     monkeypatch.setattr(blas_threads, "SECOND_CORE", cores.SecondCore())
     monkeypatch.setattr(blas_threads, "_FASTEST", [1e15])  # as if a product had run at a petaflop
     halves = []
-    for _ in range(3):  # real products, each far slower than that: stalls, then the halves
-        blas_threads.large(1e6, lambda: np.ones((64, 64)) @ np.ones((64, 64)), lambda: halves.append(1))
+
+    def slow_product():  # 6 ms: a stall that loses time enough to count
+        time.sleep(0.006)
+        return np.ones((64, 64)) @ np.ones((64, 64))
+
+    for _ in range(5):  # four stalls lose 24 ms (over SecondCore.LOST_S), then the halves
+        blas_threads.large(1e6, slow_product, lambda: halves.append(1))
     assert halves == [1]
     blas_threads.restore()

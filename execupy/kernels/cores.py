@@ -8,16 +8,17 @@ threads, 26 ms on one). The load average cannot tell the two apart: it lags a bu
 minute, and our own spinning threads count in it. So each call site times itself:
 
 * a site's first call runs on one thread, and every one-thread call is remembered;
-* two-thread calls over 10x as slow as the site's last one-thread call, twice within a few
-  dozen calls, mean the other core is busy: every site runs on one thread for `BACKOFF_S`
-  seconds, then tries two again.
+* two-thread calls over 10x as slow as the site's last one-thread call are stalls; when
+  stalls lately cost about a tenth of the time, the other core is busy: every site runs on
+  one thread for `BACKOFF_S` seconds, then tries two again.
 
-On a busy machine at most one call per back-off pays for a stall; on an idle one both cores
-stay on. The kernels using it: numba's quantized mat-vecs (kernels/fast/quantized.py) and
+On a busy machine a few stalled calls per back-off (about LOST_S) pay for the retry; on an
+idle or merely noisy one both cores stay on. The kernels using it: numba's quantized mat-vecs (kernels/fast/quantized.py) and
 numpy's BLAS products with few rows (runtime/blas_threads.py).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,13 +38,20 @@ class CallSite:
 @dataclass
 class SecondCore:
     BACKOFF_S = 2.0
-    # A stall costs many times a call's time (milliseconds for a call of microseconds). On an
-    # idle machine a few in 10,000 two-thread calls are over 10x slow too (a page fault, the
-    # garbage collector), so one slow call is not enough: two within a few dozen calls are.
+    # A stall costs many times a call's time (milliseconds for a call of microseconds).
     STALL = 10.0
-    DECAY = 0.9  # of the stall count, per two-thread call
+    # What stalls cost lately decides: each adds the time it lost (at most LOST_S / 2, so one
+    # slow call is never enough), fading with time constant WINDOW_S, and the rule backs off
+    # once LOST_S is reached, i.e. when stalls took about a tenth of the last quarter second.
+    # A busy other core stalls every few calls (SmolLM2 fp32 decode with a spinning process on
+    # the second core: 2-8 ms stalls 6-50 ms apart). A quiet virtual machine stalls too, but a
+    # few times a second (the same decode at load 0.1: 2-8 ms pauses 100-500 ms apart, about 1%
+    # of the time), and sending a generation to one thread for that would cost a quarter of it.
+    WINDOW_S = 0.25
+    LOST_S = 0.02
     serial_until: float = 0.0  # time.monotonic() before which every site runs on one thread
-    stalls: float = 0.0  # recent stalls, each fading by DECAY per two-thread call
+    lost_s: float = 0.0  # time recent stalls lost, fading by WINDOW_S
+    last_stall: float = 0.0  # time.monotonic() of the last stall
 
     def free(self, site: Site) -> bool:
         """Two threads for this call? Only once the site has a one-thread time to beat."""
@@ -54,11 +62,13 @@ class SecondCore:
         if threads == 1:
             site.serial_s = seconds
             return
-        self.stalls *= self.DECAY
-        if seconds > self.STALL * site.serial_s:
-            self.stalls += 1.0
-            if self.stalls > 1.0:
-                self.serial_until, self.stalls = time.monotonic() + self.BACKOFF_S, 0.0
+        if seconds <= self.STALL * site.serial_s:
+            return
+        now = time.monotonic()
+        faded = self.lost_s * math.exp((self.last_stall - now) / self.WINDOW_S)
+        self.lost_s, self.last_stall = faded + min(seconds - site.serial_s, self.LOST_S / 2), now
+        if self.lost_s >= self.LOST_S:
+            self.serial_until, self.lost_s = now + self.BACKOFF_S, 0.0
 
 
 SECOND_CORE = SecondCore()  # one per process: a stall anywhere says the other core is busy

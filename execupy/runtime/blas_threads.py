@@ -116,6 +116,25 @@ def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) ->
 # than a mat-vec's microseconds, so a smaller margin than kernels/cores.py's STALL will do.
 LARGE_STALL = 5.0
 _FASTEST = [0.0]  # flops per second of the fastest large product so far
+# A product that faults in pages (the first read of a memory-mapped weight: a program's first
+# prompt) is slow for a reason that is not the other core; more faults than this and its time
+# says nothing. (SmolLM2 fp32's first prompt faults ~22,000 times and two of its products ran
+# 20-40x slow: read as stalls, they sent the whole decode after it to one thread.)
+FAULTS_UNTIMED = 64
+
+
+def _faults() -> int:
+    """Page faults of this process so far (minor and major); 0 where the OS does not say."""
+    if _getrusage is None:
+        return 0
+    usage = _getrusage(_RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
+try:
+    from resource import RUSAGE_SELF as _RUSAGE_SELF, getrusage as _getrusage
+except ImportError:  # not a Unix
+    _getrusage = None
 
 
 def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
@@ -131,9 +150,11 @@ def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
     if site.serial_s and not SECOND_CORE.free(site):
         return halves()
     _BLAS.use(_BLAS.default)
-    t0 = time.perf_counter()
+    faults, t0 = _faults(), time.perf_counter()
     result = whole()
     seconds = time.perf_counter() - t0
+    if _faults() - faults > FAULTS_UNTIMED:
+        return result
     _FASTEST[0] = max(_FASTEST[0], flops / max(seconds, 1e-9))
     if site.serial_s:
         SECOND_CORE.took(site, _BLAS.default, seconds)
