@@ -40,9 +40,10 @@ class SecondCore:
     BACKOFF_S = 2.0
     # A stall costs many times a call's time (milliseconds for a call of microseconds).
     STALL = 10.0
-    # What stalls cost lately decides: each adds the time it lost (at most LOST_S / 2, so one
-    # slow call is never enough), fading with time constant WINDOW_S, and the rule backs off
-    # once LOST_S is reached, i.e. when stalls took about a tenth of the last quarter second.
+    # What stalls cost lately decides: each adds the time it lost (at most LOST_S / 4, so it
+    # takes four: a program's first prompt stalls a couple of times for 10 ms or more while the
+    # second vCPU wakes), fading with time constant WINDOW_S, and the rule backs off once
+    # LOST_S is reached, i.e. when stalls took about a tenth of the last quarter second.
     # A busy other core stalls every few calls (SmolLM2 fp32 decode with a spinning process on
     # the second core: 2-8 ms stalls 6-50 ms apart). A quiet virtual machine stalls too, but a
     # few times a second (the same decode at load 0.1: 2-8 ms pauses 100-500 ms apart, about 1%
@@ -66,7 +67,7 @@ class SecondCore:
             return
         now = time.monotonic()
         faded = self.lost_s * math.exp((self.last_stall - now) / self.WINDOW_S)
-        self.lost_s, self.last_stall = faded + min(seconds - site.serial_s, self.LOST_S / 2), now
+        self.lost_s, self.last_stall = faded + min(seconds - site.serial_s, self.LOST_S / 4), now
         if self.lost_s >= self.LOST_S:
             self.serial_until, self.lost_s = now + self.BACKOFF_S, 0.0
 

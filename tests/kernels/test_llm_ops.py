@@ -117,3 +117,24 @@ def test_sdpa_exp_is_within_one_ulp_of_the_c_librarys_expf():
     ours = _exp(x)
     ulps = np.abs(ours.view(np.int32).astype(np.int64) - c_library.view(np.int32))
     assert ulps.max() <= 1 and np.count_nonzero(ulps) < x.size // 100
+
+
+@pytest.mark.parametrize("length", [5, 16, 37, 160, 700])
+def test_softmax_sums_add_in_executorchs_lane_order(length):
+    """16 running lane sums over the 16-wide chunks in turn, then the lanes one by one, then the
+    last length % 16 values one by one: written out as plain float32 additions."""
+    from execupy.kernels.llm.kv_cache import _lane_sum
+
+    e = rng.random((2, 3, length)).astype(np.float32) * np.float32(1000)
+    want = np.empty((2, 3, 1), np.float32)
+    for g in range(2):
+        for r in range(3):
+            row, whole = e[g, r], length - length % 16
+            lanes = [np.float32(0)] * 16
+            for c in range(0, whole, 16):
+                lanes = [lanes[i] + row[c + i] if c else row[c + i] for i in range(16)]
+            total = np.float32(0)
+            for value in (lanes if whole else []) + list(row[whole:]):
+                total = np.float32(total + value)
+            want[g, r, 0] = total
+    np.testing.assert_array_equal(_lane_sum(e), want)

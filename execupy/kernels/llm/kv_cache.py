@@ -57,9 +57,9 @@ def _lane_sum(e: np.ndarray) -> np.ndarray:
     16-wide chunks in turn, then the lanes one by one, then the last L % 16 one by one."""
     whole = e.shape[-1] - e.shape[-1] % _LANES
     chunks = e[..., :whole].reshape(*e.shape[:-1], -1, _LANES)
-    lanes = chunks[..., 0, :].copy() if whole else np.zeros((*e.shape[:-1], _LANES), e.dtype)
-    for c in range(1, chunks.shape[-2]):  # chunk by chunk: the lanes' order, one add per chunk
-        lanes += chunks[..., c, :]
+    # A reduction over an axis that is not the innermost adds whole rows of lanes one after the
+    # other (numpy's pairwise summation only runs along the inner loop): the lanes' own order.
+    lanes = np.add.reduce(chunks, axis=-2) if whole else np.zeros((*e.shape[:-1], _LANES), e.dtype)
     return np.cumsum(np.concatenate([lanes, e[..., whole:]], axis=-1), axis=-1)[..., -1:]
 
 
