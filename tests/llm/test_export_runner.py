@@ -21,6 +21,7 @@ from execupy.llm.export import export_llm
 from execupy.llm.loaders import load_checkpoint
 from execupy.llm.export.models import Transformer, greedy_generate
 from execupy.llm.runner import ContextLengthError, LLMRunner
+from execupy.runtime import Module
 from execupy.llm.sampler import SamplerConfig
 from execupy.schema import program as P
 from tests.llm import tiny
@@ -101,8 +102,17 @@ def test_program_is_lean_one_mm_per_linear_and_no_cache_bytes_in_the_file(export
     plan = next(p for p in program.execution_plan if p.name == "forward")
     ops = [plan.operators[i.op_index].name for i in plan.chains[0].instructions]
     linears = sum(isinstance(m, torch.nn.Linear) for m in eager.modules())
-    # Every linear is one mm against a weight stored transposed: nothing copies or transposes a weight.
-    assert ops.count("aten::mm") == linears and "aten::permute_copy" not in ops and "aten::addmm" not in ops
+    # Every linear is one mm against its weight as torch stores it, [out, in], weight-first (the
+    # head included); the only permutes are the activations' around those mms (two per linear
+    # but the head), which our runtime reads as views: nothing copies or transposes a weight.
+    assert ops.count("aten::mm") == linears and "aten::addmm" not in ops
+    assert ops.count("aten::permute_copy") == 2 * (linears - 1)
+    weights = {tuple(p.shape) for n, p in eager.named_parameters() if n.endswith("weight") and p.dim() == 2}
+    mm_weights = {tuple(plan.values[i.args[0]].sizes) for i in plan.chains[0].instructions
+                  if plan.operators[i.op_index].name == "aten::mm"}
+    assert mm_weights <= weights
+    method = Module(str(result.pte_path)).method("forward")
+    assert method.steps_per_call < len(ops) - ops.count("aten::permute_copy")  # the permutes run no step
     # The KV caches start as zeroed planned memory: no initial values in the file.
     assert not program.mutable_data_segments
     caches = [v for v in plan.values if isinstance(v, P.Tensor) and v.allocation_info is not None

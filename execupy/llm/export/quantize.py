@@ -555,14 +555,17 @@ def _gguf_form(f, gguf_name: str, module: str, config) -> nn.Module:
     if kind in ("F16", "BF16"):
         return HalfWeight(torch.from_numpy(w).to(torch.float16 if kind == "F16" else torch.bfloat16))
     if kind == "F32":
-        return _FloatWeight(torch.from_numpy(w))
+        return FloatWeight(torch.from_numpy(w))
     return _requantized_weight(gguf_name, kind, w)
 
 
-class _FloatWeight(nn.Module):
+class FloatWeight(nn.Module):
+    """A float weight as it is: the weight form of a float linear multiplied weight-first."""
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("weight", weight)
 
     def forward(self) -> torch.Tensor:
         return self.weight
+
