@@ -86,8 +86,12 @@ for values in ((-100, 100), (0, 15)):  # int8 words, then 4-bit words
     for m, threads in ((1, 1), (1, 2), (5, None)):  # decode on one thread and on two, then prefill
         Q.NUMBA["qlinear"](np.ones((m, 1024), np.float32), packed, threads=threads)
 Q.NUMBA["fake_quantize_per_token"](np.ones((2, 64), np.float32))
+from execupy.kernels.fast import attention_jit as A
+cache = np.ones((8, 1, 16), np.float32)
+A.decode_attention(np.ones((3, 16), np.float32), cache, cache, 5, np.float32(0.5), 512, np.empty((3, 16), np.float32))
+kernels = {**K.KERNELS, "decode_attention": A.decode_attention}
 print(json.dumps({name: [sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values())]
-                  for name, k in K.KERNELS.items()}))
+                  for name, k in kernels.items()}))
 """
 
 
@@ -208,3 +212,27 @@ def test_a_weights_first_decode_call_runs_on_one_thread(monkeypatch):
     assert w.serial_s == 0
     Q.NUMBA["qlinear"](np.ones((1, 256), np.float32), w)
     assert w.serial_s > 0  # timed on one thread; the next calls may take two
+
+
+@needs_numba
+@pytest.mark.parametrize("start_pos, heads, kv_heads, dim", [
+    (0, 9, 3, 64), (150, 9, 3, 64), (600, 9, 3, 64),  # SmolLM2's shapes; 601 keys: two 512-key blocks
+    (10, 6, 2, 24), (5, 5, 5, 17), (3, 4, 1, 8)])  # odd head sizes, multi-head, one KV head
+def test_compiled_decode_attention_equals_the_numpy_path(monkeypatch, start_pos, heads, kv_heads, dim):
+    """A decode step's custom_sdpa in a process that has numba loaded (a quantized program's)
+    runs kernels/fast/attention_jit.py: the numpy path's arithmetic, the products summed in
+    another order."""
+    import numba  # noqa: F401  (loaded: the gate of the compiled path)
+
+    from execupy.kernels.llm import kv_cache
+
+    rng = np.random.default_rng(start_pos + dim)
+    q = rng.standard_normal((1, 1, heads, dim), dtype=np.float32)
+    k, v = (2 * rng.standard_normal((1, 700, kv_heads, dim), dtype=np.float32) for _ in range(2))
+    compiled = kv_cache.custom_sdpa(q, k, v, start_pos, None, 0.0, True, None, np.empty_like(q))
+    monkeypatch.setenv("EXECUPY_NUMBA", "0")
+    monkeypatch.setattr(kv_cache, "_COMPILED", [])
+    assert kv_cache._compiled_decode() is None
+    plain = kv_cache.custom_sdpa(q, k, v, start_pos, None, 0.0, True, None, np.empty_like(q))
+    assert not np.array_equal(compiled, plain) or start_pos == 0  # two paths ran (one key: both exact)
+    assert_within_float32_rounding(compiled, plain)

@@ -159,6 +159,12 @@ def warm_up() -> None:
             NUMBA["qlinear"](np.ones((m, 32), np.float32), w)
         NUMBA["qlinear"](np.ones((1, 32), np.float32), w, threads=2)
     NUMBA["fake_quantize_per_token"](np.ones((1, 32), np.float32))
+    # A quantized program's decode attention is compiled too (kernels/llm/kv_cache.py)
+    from .attention_jit import decode_attention
+
+    cache = np.ones((4, 1, 16), np.float32)
+    decode_attention(np.ones((2, 16), np.float32), cache, cache, 3, np.float32(0.25), 512,
+                     np.empty((2, 16), np.float32))
 
 
 def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:

@@ -8,12 +8,16 @@ Semantics (the torch side and its eager reference: execupy/llm/export/custom_ops
 * custom_sdpa(query [B, T, H, D], key_cache, value_cache, start_pos, attn_mask, drop_p,
   is_causal, scale) attends to the first start_pos + T slots only, the grouped KV heads
   read as strided views (no expand, no copy of the cache), so a decode step costs
-  O(position), not O(max_seq_len).
+  O(position), not O(max_seq_len). One query token (a decode step) of float32 runs the
+  compiled kernel of kernels/fast/attention_jit.py when the process has numba loaded already
+  (a quantized program's kernels load it; importing it for this alone would add ~100 MiB to
+  an fp32 program's resident memory): same arithmetic but the two products' summation order.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -97,6 +101,25 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
     return acc * (1 / row_sum)
 
 
+_COMPILED: list[Callable] = []  # the compiled decode attention, once loaded
+
+
+def _compiled_decode() -> Optional[Callable]:
+    """kernels/fast/attention_jit.decode_attention where numba is loaded already and allowed."""
+    if _COMPILED:
+        return _COMPILED[0]
+    if "numba" not in sys.modules:
+        return None
+    from ..fast.elementwise import numba_enabled
+
+    if not numba_enabled():
+        return None
+    from ..fast.attention_jit import decode_attention
+
+    _COMPILED.append(decode_attention)
+    return decode_attention
+
+
 @register_kernel("llama::custom_sdpa.out")
 def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos: int,
                 attn_mask: Optional[np.ndarray], drop_p: float, is_causal: bool, scale: Optional[float],
@@ -111,6 +134,12 @@ def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos
     kv_len, rep = start_pos + seqlen, n_heads // n_kv
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     result = out if out.shape == query.shape else np.empty(query.shape, out.dtype)
+    if seqlen == 1 and query.dtype == key.dtype == value.dtype == result.dtype == np.float32:
+        compiled = _compiled_decode()
+        if compiled is not None:
+            for b in range(bsz):
+                compiled(query[b, 0], key[b], value[b], kv_len, np.float32(scale), KV_BLOCK, result[b, 0])
+            return result
     # fp16/bf16 caches: numpy has no fast half matmul, so the filled window is read in float32
     # (a copy of start_pos + T slots, not of the cache) and the result rounded back on writing.
     dtype = compute_dtype(query.dtype)
