@@ -206,11 +206,14 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 # ---------------------------------------------------------------------------- numba
 
 # From this many weights (N * K) on, a decode mat-vec splits its outputs between two threads
-# (numba's prange): each reads half of the weight, which two cores read faster than one, and
-# the wake-up (a few microseconds when the other core is idle) is less than the half saved.
-# Smaller ones (SmolLM2's 192x576 k/v) stay on one thread, and all do for a while after two
+# (numba's prange): each reads half of the weight, which two cores read faster than one, once
+# the parallel region's start and join (tens of microseconds inside a forward call, where the
+# other thread has gone idle since the last one) are small against the half saved. Measured in
+# SmolLM2 int4's decode, both cores idle: its 1536x576 and 576x576 linears took 41 and 19 us on
+# two threads against 36 and 13 on one (alone in a loop, two threads won: 17 against 21 us);
+# its 49152x576 int8 head 0.6 ms against 1.1. All stay on one thread for a while after two
 # threads were slower than one on a busy machine (kernels/cores.py).
-PARALLEL_MIN_WEIGHTS = 256 * 1024
+PARALLEL_MIN_WEIGHTS = 4 * 1024 * 1024
 
 
 def _compile() -> Optional[dict[str, Callable]]:
