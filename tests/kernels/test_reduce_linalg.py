@@ -373,3 +373,19 @@ def test_softmax_half_to_float_writes_float32(op):
 def test_softmax_of_a_rank0_tensor_is_one():
     x = torch.tensor(3.0)
     run_out("aten::_softmax.out", aten._softmax(x, 0, False), to_np(x), 0, False)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 8, 113])  # running sums below SIDE_BY_SIDE_ROWS, side by side from it
+def test_row_sums_add_each_row_in_index_order(rows):
+    """ExecuTorch's portable mean adds one element after another; numpy's np.sum adds pairwise."""
+    from execupy.kernels.portable.reduce import row_sums
+
+    x = (np.random.default_rng(rows).standard_normal((rows, 777)) * 1000).astype(np.float32)
+    want = np.empty((rows, 1), np.float32)
+    for r in range(rows):
+        total = x[r, 0]
+        for value in x[r, 1:]:
+            total = np.float32(total + value)
+        want[r, 0] = total
+    assert np.array_equal(row_sums(x, np.float32), want)
+    assert np.array_equal(row_sums(x.reshape(1, rows, 777), np.float32), want.reshape(1, rows, 1))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..portable.reduce import row_sums
 from ..portable.unary import _sigmoid
 
 
 def rms_norm(x: np.ndarray, eps, weight: np.ndarray) -> np.ndarray:
     """x * rsqrt(mean(x**2, -1, keepdim) + eps) * weight, as pow/mean/add/rsqrt/mul/mul compute it."""
-    total = np.cumsum(np.square(x), axis=-1, dtype=np.float32)[..., -1:]  # added in order, as the portable mean
+    total = row_sums(np.square(x), np.float32)  # added in order, as the portable mean
     mean = np.true_divide(total, x.shape[-1] if x.ndim else 1, dtype=np.float32)
     inv = 1 / np.sqrt(mean + np.asarray(eps, np.float32))
     return np.multiply(x * inv, weight)
