@@ -56,14 +56,37 @@ def _exp(x: np.ndarray) -> np.ndarray:
     return np.exp(x, dtype=np.float64).astype(np.float32) if x.dtype == np.float32 else np.exp(x)
 
 
+# float32(exp(x)) is 0 for every x below this, -inf included; numpy's float64 exp takes a slow
+# path for -inf and for results that underflow (a prompt's masked half: 154 against 70 us).
+_EXP_FLOOR = -200.0
+
+
+def _exp_below_max(scores: np.ndarray, row_max: np.ndarray) -> np.ndarray:
+    """_exp(scores - row_max), computed in scores' own array: the same float32 values."""
+    np.subtract(scores, row_max, out=scores)
+    if scores.dtype != np.float32:
+        return np.exp(scores, out=scores)
+    np.maximum(scores, _EXP_FLOOR, out=scores)
+    np.copyto(scores, np.exp(scores, dtype=np.float64), casting="unsafe")  # rounded once, as astype does
+    return scores
+
+
 def _lane_sum(e: np.ndarray) -> np.ndarray:
     """Row sums [..., 1] of e [..., L] in ExecuTorch's order: 16 lanes each summed over the
     16-wide chunks in turn, then the lanes one by one, then the last L % 16 one by one."""
     whole = e.shape[-1] - e.shape[-1] % _LANES
     chunks = e[..., :whole].reshape(*e.shape[:-1], -1, _LANES)
-    # A reduction over an axis that is not the innermost adds whole rows of lanes one after the
-    # other (numpy's pairwise summation only runs along the inner loop): the lanes' own order.
-    lanes = np.add.reduce(chunks, axis=-2) if whole else np.zeros((*e.shape[:-1], _LANES), e.dtype)
+    if not whole:
+        lanes = np.zeros((*e.shape[:-1], _LANES), e.dtype)
+    elif e[..., 0].size < 64:
+        # A reduction over an axis that is not the innermost adds whole rows of lanes one after
+        # the other (numpy's pairwise summation only runs along the inner loop): the lanes' own
+        # order, in one call (a decode step's few rows).
+        lanes = np.add.reduce(chunks, axis=-2)
+    else:  # many rows (a prompt): that reduction's inner loop is only 16 long; add chunk by chunk
+        lanes = chunks[..., 0, :].copy()
+        for c in range(1, chunks.shape[-2]):
+            lanes += chunks[..., c, :]
     return np.cumsum(np.concatenate([lanes, e[..., whole:]], axis=-1), axis=-1)[..., -1:]
 
 
@@ -86,13 +109,12 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
         # weigh exp(-inf) = 0. The first block has nothing to rescale (its rescale factor
         # would be exp(-inf - max) = 0, times a sum and an output of zeros).
         block_max = scores.max(axis=-1, keepdims=True)
+        new_max = block_max if row_max is None else np.maximum(row_max, block_max)
+        weights = _exp_below_max(scores, new_max)
         if row_max is None:
-            row_max = block_max
-            weights = _exp(scores - row_max)
+            row_max = new_max
             row_sum, acc = _lane_sum(weights), np.matmul(weights, v[:, n : n + KV_BLOCK])
             continue
-        new_max = np.maximum(row_max, block_max)
-        weights = _exp(scores - new_max)
         rescale = _exp(row_max - new_max)
         row_sum = _lane_sum(weights) + rescale * row_sum
         acc *= rescale
