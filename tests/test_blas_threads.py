@@ -3,6 +3,7 @@
 slower than one was; a large one on BLAS's threads, or, an `out = a @ b` of many rows, in two
 halves on two threads with BLAS on one thread each; every call of a method leaves BLAS as it
 found it."""
+import mmap
 import time
 
 import numpy as np
@@ -130,4 +131,26 @@ def test_a_large_product_many_times_slower_than_the_fastest_counts_as_a_stall(mo
         blas_threads.large(1e6, slow_product, lambda: halves.append(1))
         calls += 1
     assert halves == [1] and 6 <= calls < 20  # each stall counts at most 5 ms: five or more of them
+    blas_threads.restore()
+
+
+def test_a_large_product_that_faults_in_pages_is_not_timed(monkeypatch):
+    """A program's first prompt reads its memory-mapped weights for the first time: slow for a
+    reason that is not the other core, so it neither counts as a stall nor sets the pace."""
+    if blas_threads.default_threads() is None or blas_threads.default_threads() < 2:
+        pytest.skip("needs numpy's OpenBLAS on two or more threads")
+    from execupy.kernels import cores
+
+    monkeypatch.setattr(blas_threads, "SECOND_CORE", cores.SecondCore())
+    monkeypatch.setattr(blas_threads, "_FASTEST", [1e15])  # every product would be a stall
+
+    def first_touch():  # 4 MiB of fresh pages (a new mapping each time), then a product
+        with mmap.mmap(-1, 4 << 20) as fresh:
+            np.frombuffer(fresh, np.uint8)[::4096] = 1
+        time.sleep(0.006)
+        return np.ones((64, 64)) @ np.ones((64, 64))
+
+    for _ in range(8):
+        blas_threads.large(1e6, first_touch, lambda: pytest.fail("the halves ran: faults counted as stalls"))
+    assert blas_threads.SECOND_CORE.lost_s == 0.0 and blas_threads._FASTEST == [1e15]
     blas_threads.restore()
