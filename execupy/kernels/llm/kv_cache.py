@@ -156,11 +156,13 @@ def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos
     kv_len, rep = start_pos + seqlen, n_heads // n_kv
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     result = out if out.shape == query.shape else np.empty(query.shape, out.dtype)
-    if seqlen == 1 and query.dtype == key.dtype == value.dtype == result.dtype == np.float32:
+    if (seqlen == 1 and query.dtype == key.dtype == value.dtype == result.dtype == np.float32
+            and all(a.flags.c_contiguous for a in (key, value, result))):  # the layout compiled at load
         compiled = _compiled_decode()
         if compiled is not None:
             for b in range(bsz):
-                compiled(query[b, 0], key[b], value[b], kv_len, np.float32(scale), KV_BLOCK, result[b, 0])
+                compiled(np.ascontiguousarray(query[b, 0]), key[b], value[b], kv_len, np.float32(scale), KV_BLOCK,
+                         result[b, 0])
             return result
     # fp16/bf16 caches: numpy has no fast half matmul, so the filled window is read in float32
     # (a copy of start_pos + T slots, not of the cache) and the result rounded back on writing.
