@@ -13,8 +13,8 @@ minute, and our own spinning threads count in it. So each call site times itself
   one thread for `BACKOFF_S` seconds, then tries two again.
 
 On a busy machine a few stalled calls per back-off (about LOST_S) pay for the retry; on an
-idle or merely noisy one both cores stay on. The kernels using it: numba's quantized mat-vecs (kernels/fast/quantized.py) and
-numpy's BLAS products with few rows (runtime/blas_threads.py).
+idle or merely noisy one both cores stay on. The kernels using it: numba's quantized mat-vecs
+(kernels/fast/quantized.py) and numpy's BLAS products (runtime/blas_threads.py).
 """
 from __future__ import annotations
 

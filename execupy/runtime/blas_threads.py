@@ -38,6 +38,11 @@ import numpy as np
 
 from ..kernels.cores import SECOND_CORE, CallSite
 
+try:
+    from resource import RUSAGE_SELF as _RUSAGE_SELF, getrusage as _getrusage
+except ImportError:  # not a Unix
+    _getrusage = None
+
 T = TypeVar("T")
 
 SMALL_ROWS = int(os.environ.get("EXECUPY_BLAS_SMALL_ROWS", 16))
@@ -118,8 +123,8 @@ LARGE_STALL = 5.0
 _FASTEST = [0.0]  # flops per second of the fastest large product so far
 # A product that faults in pages (the first read of a memory-mapped weight: a program's first
 # prompt) is slow for a reason that is not the other core; more faults than this and its time
-# says nothing. (SmolLM2 fp32's first prompt faults ~22,000 times and two of its products ran
-# 20-40x slow: read as stalls, they sent the whole decode after it to one thread.)
+# says nothing. (SmolLM2 fp32's first prompt faults 9,000-22,000 times; with full logits, its
+# output head's first product faulted 1,638 times and took 36 ms, 30 ms the next time.)
 FAULTS_UNTIMED = 64
 
 
@@ -130,11 +135,6 @@ def _faults() -> int:
     usage = _getrusage(_RUSAGE_SELF)
     return usage.ru_minflt + usage.ru_majflt
 
-
-try:
-    from resource import RUSAGE_SELF as _RUSAGE_SELF, getrusage as _getrusage
-except ImportError:  # not a Unix
-    _getrusage = None
 
 
 def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:

@@ -45,6 +45,7 @@ def update_cache(value: np.ndarray, cache: np.ndarray, start_pos: int, out: np.n
 # sees), carrying each row's running max and sum from block to block.
 KV_BLOCK = 512
 _LANES = 16  # its exp-and-sum step adds 16 running lane sums, then the lanes in order, then the rest
+_MANY_ROWS = 64  # from this many rows on, `_lane_sum` adds chunk by chunk
 
 
 def _exp(x: np.ndarray) -> np.ndarray:
@@ -78,7 +79,7 @@ def _lane_sum(e: np.ndarray) -> np.ndarray:
     chunks = e[..., :whole].reshape(*e.shape[:-1], -1, _LANES)
     if not whole:
         lanes = np.zeros((*e.shape[:-1], _LANES), e.dtype)
-    elif e[..., 0].size < 64:
+    elif e[..., 0].size < _MANY_ROWS:
         # A reduction over an axis that is not the innermost adds whole rows of lanes one after
         # the other (numpy's pairwise summation only runs along the inner loop): the lanes' own
         # order, in one call (a decode step's few rows).
