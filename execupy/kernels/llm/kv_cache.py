@@ -157,14 +157,13 @@ def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos
     kv_len, rep = start_pos + seqlen, n_heads // n_kv
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     result = out if out.shape == query.shape else np.empty(query.shape, out.dtype)
-    if (seqlen == 1 and query.dtype == key.dtype == value.dtype == result.dtype == np.float32
-            and all(a.flags.c_contiguous for a in (key, value, result))):  # the layout compiled at load
-        compiled = _compiled_decode()
-        if compiled is not None:
-            for b in range(bsz):
-                compiled(np.ascontiguousarray(query[b, 0]), key[b], value[b], kv_len, np.float32(scale), KV_BLOCK,
-                         result[b, 0])
-            return result
+    compiled = _compiled_decode() if seqlen == 1 else None  # (an fp32 program: one dict lookup, no numba)
+    if (compiled is not None and query.dtype == key.dtype == value.dtype == result.dtype == np.float32
+            and key.flags.c_contiguous and value.flags.c_contiguous and result.flags.c_contiguous):
+        for b in range(bsz):  # the layout compiled at load; the query [H, D] made contiguous
+            compiled(np.ascontiguousarray(query[b, 0]), key[b], value[b], kv_len, np.float32(scale), KV_BLOCK,
+                     result[b, 0])
+        return result
     # fp16/bf16 caches: numpy has no fast half matmul, so the filled window is read in float32
     # (a copy of start_pos + T slots, not of the cache) and the result rounded back on writing.
     dtype = compute_dtype(query.dtype)
