@@ -231,17 +231,17 @@ def _compile() -> Optional[dict[str, Callable]]:
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
-            chosen = threads is None
-            if chosen:
-                # a weight's first call runs on one thread: the time the second thread must beat
-                big = n * k >= PARALLEL_MIN_WEIGHTS and cores > 1
-                threads = cores if big and SECOND_CORE.free(w) else 1
-            t0 = time.perf_counter()
-            if threads > 1:
+            # Only a weight big enough to split is timed (kernels/cores.py); its first call runs on
+            # one thread: the time the second thread must beat. The rest always take one thread.
+            timed = threads is None and n * k >= PARALLEL_MIN_WEIGHTS and cores > 1
+            if timed:
+                threads = cores if SECOND_CORE.free(w) else 1
+                t0 = time.perf_counter()
+            if threads is not None and threads > 1:
                 K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, threads, out)
             else:
                 K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out)
-            if chosen:
+            if timed:
                 SECOND_CORE.took(w, threads, time.perf_counter() - t0)
             return out
         qlinear_columns(x, w, 0, n, out)

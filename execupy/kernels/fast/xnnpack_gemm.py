@@ -197,16 +197,15 @@ def _compile() -> Optional[dict[str, Callable]]:
         """out float32 [M, N] for a few rows (M < MATVEC_MAX_ROWS): q int8 [M, K], zp int32 [M],
         x_scale float32 [M], bias float32 [N] (zeros for none). `threads` overrides the choice
         between one thread and all of them (kernels/cores.py); either adds in the same order."""
-        chosen = threads is None
-        if chosen:
-            big = w.n * w.k >= quantized.PARALLEL_MIN_WEIGHTS and cores > 1
-            threads = cores if big and SECOND_CORE.free(w) else 1
-        t0 = time.perf_counter()
-        if threads > 1:
+        timed = threads is None and w.n * w.k >= quantized.PARALLEL_MIN_WEIGHTS and cores > 1  # as quantized.qlinear
+        if timed:
+            threads = cores if SECOND_CORE.free(w) else 1
+            t0 = time.perf_counter()
+        if threads is not None and threads > 1:
             K.blockwise_matvec_parallel(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, threads, out)
         else:
             K.blockwise_matvec(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
-        if chosen:
+        if timed:
             SECOND_CORE.took(w, threads, time.perf_counter() - t0)
         return out
 
