@@ -104,7 +104,9 @@ def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) ->
         halves = _halves(fn, args, kwargs)
         if halves is None:
             _BLAS.use(_BLAS.default)
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            SECOND_CORE.blas_shared()
+            return result
         a, b, out = halves
         return large(2.0 * a.shape[0] * a.shape[1] * b.shape[1], lambda: fn(*args, **kwargs),
                      lambda: in_halves(a, b, out))
@@ -144,6 +146,7 @@ def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
     if _BLAS is None or _BLAS.default < 2 or not HALVES:
         if _BLAS is not None:
             _BLAS.use(_BLAS.default)
+            SECOND_CORE.blas_shared()
         return whole()
     # the rule compares with `STALL` times a one-thread time: this "time" makes it LARGE_STALL times the expected
     site = CallSite(flops / _FASTEST[0] * LARGE_STALL / SECOND_CORE.STALL if _FASTEST[0] else 0.0)
@@ -153,6 +156,7 @@ def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
     faults, t0 = _faults(), time.perf_counter()
     result = whole()
     seconds = time.perf_counter() - t0
+    SECOND_CORE.blas_shared()
     if _faults() - faults > FAULTS_UNTIMED:
         return result
     _FASTEST[0] = max(_FASTEST[0], flops / max(seconds, 1e-9))

@@ -62,23 +62,26 @@ def test_numba_qlinear_equals_numpy_within_float32_rounding(bits, with_zeros, m)
 
 @needs_numba
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("n", [130, 1000, 4200])  # one 64-column run per thread and a short last one; several runs; wide
-def test_two_thread_mat_vec_equals_one_thread(monkeypatch, bits, n):
-    """Above PARALLEL_MIN_WEIGHTS, with a core free (or when asked), decode splits the outputs
-    between threads; each output is the same sum in the same order, so they agree bit for bit."""
+@pytest.mark.parametrize("n", [130, 1000, 4200])  # narrow, wider, wide (four words per pass)
+def test_mat_vec_shared_with_the_second_thread_equals_one_thread(monkeypatch, bits, n):
+    """From SHARE_MIN_WEIGHTS on, with a core free (or when asked), decode offers the second half
+    of the weight's rows to the second core's thread; both halves are summed the same way
+    whoever runs them, so one thread and two agree bit for bit."""
     rng = np.random.default_rng(n)
     packed, _ = packed_grouped(rng, n, 512, 32, bits, True)
     x = rng.standard_normal((2, 512)).astype(np.float32)
-    monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "SHARE_MIN_WEIGHTS", 0)
     monkeypatch.setattr(Q, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     assert np.array_equal(Q.NUMBA["qlinear"](x, packed), Q.NUMBA["qlinear"](x, packed, threads=1))
-    two, one = Q.NUMBA["qlinear"](x, packed, threads=2), Q.NUMBA["qlinear"](x, packed, threads=1)
-    assert np.array_equal(two, one)
+    for _ in range(20):  # the thread is spinning after the first: later calls are shared for real
+        two, one = Q.NUMBA["qlinear"](x, packed, threads=2), Q.NUMBA["qlinear"](x, packed, threads=1)
+        assert np.array_equal(two, one)
     assert_within_float32_rounding(one, Q.NUMPY["qlinear"](x, packed))
 
 
 CACHE_PROBE = """
-import json, numpy as np
+import json, time, numpy as np
+start = time.monotonic()
 from execupy.kernels.fast import quantized as Q, quantized_jit as K
 rng = np.random.default_rng(0)
 for values in ((-100, 100), (0, 15)):  # int8 words, then 4-bit words
@@ -89,7 +92,10 @@ Q.NUMBA["fake_quantize_per_token"](np.ones((2, 64), np.float32))
 from execupy.kernels.fast import attention_jit as A
 cache = np.ones((8, 1, 16), np.float32)
 A.decode_attention(np.ones((3, 16), np.float32), cache, cache, 5, np.float32(0.5), 512, np.empty((3, 16), np.float32))
-kernels = {**K.KERNELS, "decode_attention": A.decode_attention}
+from execupy.kernels.fast import second_thread_jit as S
+while not S.second_thread_loop.signatures and time.monotonic() < start + 60:  # the thread loads its loop
+    time.sleep(0.01)
+kernels = {**K.KERNELS, **S.KERNELS, "decode_attention": A.decode_attention}
 print(json.dumps({name: [sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values())]
                   for name, k in kernels.items()}))
 """
@@ -206,12 +212,73 @@ def test_stalls_a_few_times_a_second_keep_both_cores(monkeypatch):
 
 @needs_numba
 def test_a_weights_first_decode_call_runs_on_one_thread(monkeypatch):
-    monkeypatch.setattr(Q, "PARALLEL_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "SHARE_MIN_WEIGHTS", 0)
     monkeypatch.setattr(Q, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     w, _ = packed_grouped(np.random.default_rng(10), 256, 256, 32, 4, False)
     assert w.serial_s == 0
     Q.NUMBA["qlinear"](np.ones((1, 256), np.float32), w)
     assert w.serial_s > 0  # timed on one thread; the next calls may take two
+
+
+@needs_numba
+def test_a_half_the_second_thread_claimed_but_never_finished_is_taken_back():
+    """A second thread that lost its core after claiming its half (preempted for a scheduler
+    tick, or forever here) holds the call only a few times the caller's own half."""
+    import threading
+
+    import numba
+
+    from execupy.kernels.fast import second_thread_jit as S
+    from execupy.kernels.fast.second_thread import SecondThread
+
+    @numba.njit(nogil=True)
+    def claim_and_vanish(ctrl, ready):
+        S.store_release(ready, 0, 1)
+        while S.load_acquire(ctrl, S.SEQ) == 0:
+            pass
+        seq = S.load_acquire(ctrl, S.SEQ)
+        return S.compare_exchange(ctrl, S.CLAIM, seq * 2, seq * 2 + 1)
+
+    rng = np.random.default_rng(11)
+    packed, _ = packed_grouped(rng, 2048, 1024, 32, 4, False)
+    x = rng.standard_normal((1, 1024)).astype(np.float32)
+    alone = np.empty((1, 2048), np.float32)
+    SecondThread().matvec(x, packed.qt, packed.scales, packed.offsets, 32, 8, alone, share=False)
+    for _ in range(5):  # the fake must claim before the caller does: it may lose its core, then try again
+        second = SecondThread()
+        second.ctrl[S.STATE] = S.SPINNING  # as if its thread were running: the fake stands in for it
+        ready, claimed = np.zeros(1, np.int64), []
+        fake = threading.Thread(target=lambda: claimed.append(claim_and_vanish(second.ctrl, ready)))
+        fake.start()
+        while not ready[0]:
+            fake.join(0.01)
+        out = np.empty((1, 2048), np.float32)
+        assert second.matvec(x, packed.qt, packed.scales, packed.offsets, 32, 8, out, share=True)
+        fake.join()
+        assert np.array_equal(out, alone)
+        assert second.taken_back == int(claimed[0])
+        if claimed[0]:
+            return
+    pytest.fail("the fake second thread never claimed its half first")
+
+
+def test_no_spinning_helper_while_openblas_spins_after_a_prompt(monkeypatch):
+    """OpenBLAS's worker spins ~0.1 s after a prompt's products; a thread of ours spinning too
+    would make three on two cores, so sharing waits for it (kernels/cores.py)."""
+    from types import SimpleNamespace
+
+    from execupy.kernels import cores as module
+
+    cores, clock = SecondCore(), [100.0]
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    w, _ = packed_grouped(np.random.default_rng(12), 256, 256, 32, 4, False)
+    cores.took(w, 1, 0.00003)
+    assert cores.free(w) and cores.free_to_spin(w)
+    cores.blas_shared()
+    clock[0] += SecondCore.BLAS_SPIN_S / 2
+    assert cores.free(w) and not cores.free_to_spin(w)
+    clock[0] += SecondCore.BLAS_SPIN_S
+    assert cores.free_to_spin(w)
 
 
 @needs_numba

@@ -205,25 +205,21 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 
 # ---------------------------------------------------------------------------- numba
 
-# From this many weights (N * K) on, a decode mat-vec splits its outputs between two threads
-# (numba's prange): each reads half of the weight, which two cores read faster than one, once
-# the parallel region's start and join (tens of microseconds inside a forward call, where the
-# other thread has gone idle since the last one) are small against the half saved. Measured in
-# SmolLM2 int4's decode, both cores idle: its 1536x576 and 576x576 linears took 41 and 19 us on
-# two threads against 36 and 13 on one (alone in a loop, two threads won: 17 against 21 us);
-# its 49152x576 int8 head 0.6 ms against 1.1. All stay on one thread for a while after two
-# threads were slower than one on a busy machine (kernels/cores.py).
-PARALLEL_MIN_WEIGHTS = 4 * 1024 * 1024
+# From this many weights (N * K) on, a decode mat-vec may share its work with the second core's
+# thread (kernels/fast/second_thread.py), which takes one half of the weight's rows. Below it the
+# hand-over and the final sum cost more than the half saves.
+SHARE_MIN_WEIGHTS = 256 * 1024
 
 
 def _compile() -> Optional[dict[str, Callable]]:
     try:
         from . import quantized_jit as K
+        from .second_thread import SECOND_THREAD
     except ImportError:
         return None
     import numba
 
-    cores = numba.config.NUMBA_NUM_THREADS
+    cores = numba.config.NUMBA_NUM_THREADS  # NUMBA_NUM_THREADS=1: no second thread either
 
     def qlinear(x, w: PackedWeight, threads: Optional[int] = None):
         """`threads` (decode only) overrides the choice between one thread and all of them."""
@@ -231,18 +227,14 @@ def _compile() -> Optional[dict[str, Callable]]:
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
-            # Only a weight big enough to split is timed (kernels/cores.py); its first call runs on
-            # one thread: the time the second thread must beat. The rest always take one thread.
-            timed = threads is None and n * k >= PARALLEL_MIN_WEIGHTS and cores > 1
+            # A weight big enough to share is timed (kernels/cores.py); its first call runs on one
+            # thread: the time the second thread must beat.
+            timed = threads is None and n * k >= SHARE_MIN_WEIGHTS and cores > 1
+            share = SECOND_CORE.free_to_spin(w) if timed else threads is not None and threads > 1
+            t0 = time.perf_counter()
+            shared = SECOND_THREAD.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out, share)
             if timed:
-                threads = cores if SECOND_CORE.free(w) else 1
-                t0 = time.perf_counter()
-            if threads is not None and threads > 1:
-                K.matvec_parallel(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, threads, out)
-            else:
-                K.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out)
-            if timed:
-                SECOND_CORE.took(w, threads, time.perf_counter() - t0)
+                SECOND_CORE.took(w, 2 if shared else 1, time.perf_counter() - t0)
             return out
         qlinear_columns(x, w, 0, n, out)
         return out

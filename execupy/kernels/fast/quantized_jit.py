@@ -123,40 +123,19 @@ def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
 
 
 # Above this many outputs a word weight's running sums leave L1 and `_word_columns` takes four
-# words per pass (at 8192 columns and more that was faster, at 4096 and fewer slower). Decided on
-# the whole weight, not a thread's share, so one and two threads add in the same order.
+# words per pass (at 8192 columns and more that was faster, at 4096 and fewer slower).
 WIDE_COLUMNS = 4096
 
 
 @numba.njit(cache=True)
 def _columns(x, qt, scales, offsets, group_size, rows_per_word, j0, j1, out):
+    """out[j0:j1] = (x @ w.T)[j0:j1] for one row x (the decode mat-vecs of second_thread_jit)."""
     if rows_per_word == 8:
         _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out)
     elif rows_per_word == 4:
         _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, j0, j1, out)
     else:
         _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out)
-
-
-@numba.njit(cache=True)
-def matvec(x, qt, scales, offsets, group_size, rows_per_word, out):
-    """out[r] = x[r] @ w.T for each (few) row r, one thread: every weight byte read once per row."""
-    for r in range(x.shape[0]):
-        _columns(x[r], qt, scales, offsets, group_size, rows_per_word, 0, out.shape[1], out[r])
-
-
-@numba.njit(cache=True, parallel=True)
-def matvec_parallel(x, qt, scales, offsets, group_size, rows_per_word, blocks, out):
-    """`matvec` with the outputs cut into `blocks` runs of columns, one per thread; a run is a
-    multiple of 64 columns, so no two threads write into one cache line."""
-    n = out.shape[1]
-    width = (-(-n // blocks) + 63) // 64 * 64
-    for r in range(x.shape[0]):
-        for b in numba.prange(blocks):
-            j0 = b * width
-            j1 = min(n, j0 + width)
-            if j0 < j1:
-                _columns(x[r], qt, scales, offsets, group_size, rows_per_word, j0, j1, out[r])
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)  # nogil: a prompt's two halves dequantize at once
@@ -231,5 +210,5 @@ def fake_quantize_per_token(x, out):
 
 
 # Every compiled kernel by name (the cache test runs each and reads its dispatcher's stats).
-KERNELS = {"matvec": matvec, "matvec_parallel": matvec_parallel, "dequantize_columns": dequantize_columns,
+KERNELS = {"dequantize_columns": dequantize_columns,
            "fake_quantize_per_token": fake_quantize_per_token}

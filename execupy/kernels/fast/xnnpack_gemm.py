@@ -38,6 +38,9 @@ from . import quantized
 # Below this many multiply-adds a second thread costs more to wake than it saves on 2 shared
 # cores (a decode-sized product runs on one thread; prefill-sized ones use every numba thread).
 PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
+# From this many weights (N * K) on, a decode mat-vec splits its outputs between numba's threads
+# (an LLM's output head; a layer's linears lost more to the parallel region's start than they saved).
+PARALLEL_MIN_WEIGHTS = 4 * 1024 * 1024
 
 F32, F64 = np.float32, np.float64
 KSUM_CHUNK = 16  # inputs per packed-weight chunk of XNNPACK's x86 qb4w kernels (kr = 8, two nibble planes)
@@ -197,7 +200,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         """out float32 [M, N] for a few rows (M < MATVEC_MAX_ROWS): q int8 [M, K], zp int32 [M],
         x_scale float32 [M], bias float32 [N] (zeros for none). `threads` overrides the choice
         between one thread and all of them (kernels/cores.py); either adds in the same order."""
-        timed = threads is None and w.n * w.k >= quantized.PARALLEL_MIN_WEIGHTS and cores > 1  # as quantized.qlinear
+        timed = threads is None and w.n * w.k >= PARALLEL_MIN_WEIGHTS and cores > 1
         if timed:
             threads = cores if SECOND_CORE.free(w) else 1
             t0 = time.perf_counter()

@@ -1,0 +1,87 @@
+"""The second core's thread: shares decode mat-vecs with the calling thread (numba only).
+
+An LLM's decode step runs some 200 mat-vecs of 0.1-1 million weights, each a few tens of
+microseconds, one after another with Python between them. A thread pool that sleeps between
+calls (numba's `prange`) takes longer to wake than half such a call saves; this one thread
+spins on a control block (`second_thread_jit`) while calls keep coming and goes to sleep after
+`SPIN_CYCLES` without one (a few milliseconds: decode's gaps are tens of microseconds, and a
+prompt's BLAS products then have the core to themselves).
+
+Sharing never waits long for the thread: the caller posts a job, runs the first half, and runs
+the second too unless the thread has claimed it; a thread that claimed it and then lost its core
+has it taken back. So an asleep, busy or missing thread only means the caller did both. Whether a
+call may share at all is `kernels/cores.py`'s rule, decided by the caller.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+import numpy as np
+
+from . import second_thread_jit as K
+
+# The spin limit in CPU cycles: 10 million is 2.5-5 ms at 2-4 GHz (the counter's rate is the
+# nominal clock, close enough for a limit nobody needs exact).
+SPIN_CYCLES = 10_000_000
+# The longest row (K) and output (N) a shared call may have: the second thread's copies of x
+# and of its half's sums live in buffers of this size (pages are touched only as used).
+MAX_SHARED = 1 << 18
+
+
+class SecondThread:
+    def __init__(self) -> None:
+        self.ctrl = np.zeros(K.CTRL_SLOTS, np.int64)
+        self.xbuf, self.scratch = np.zeros(MAX_SHARED, np.float32), np.zeros(MAX_SHARED, np.float32)
+        self.taken_back = 0  # halves the caller took back from a second thread too slow to finish them
+        self.calls = threading.Lock()  # one caller posts at a time; another does its calls alone
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def matvec(self, x: np.ndarray, qt: np.ndarray, scales: np.ndarray, offsets: np.ndarray,
+               group_size: int, rows_per_word: int, out: np.ndarray, share: bool) -> bool:
+        """out = x @ w.T (quantized_jit's layouts); True when it was offered to the second thread."""
+        if share and self.calls.acquire(blocking=False):
+            try:
+                if self.ctrl[K.STATE] == K.ASLEEP:
+                    self._wake_up()
+                self.taken_back += K.matvec_halves(self.ctrl, self.xbuf, self.scratch, x, qt, scales, offsets,
+                                                   group_size, rows_per_word, out, True)
+                return True
+            finally:
+                self.calls.release()
+        K.matvec_halves(self.ctrl, self.xbuf, self.scratch, x, qt, scales, offsets, group_size, rows_per_word,
+                        out, False)
+        return False
+
+    def _wake_up(self) -> None:
+        # This call runs without it: the thread takes a while to start spinning, and claims
+        # only what is left when it does.
+        self.ctrl[K.STATE] = K.SPINNING
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="execupy-second-core", daemon=True)
+            self.thread.start()
+        self.wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            if K.second_thread_loop(self.ctrl, self.xbuf, self.scratch, SPIN_CYCLES) == K.QUIT:
+                return
+
+    def stop(self) -> None:
+        """Ask the thread to leave (at exit: it may be spinning inside compiled code)."""
+        self.ctrl[K.STATE] = K.QUIT
+        self.wake.set()
+
+    def _forked(self) -> None:
+        # A forked child has no such thread: start afresh (jobs would be done by the caller alone anyway).
+        self.ctrl[:] = 0
+        self.calls, self.wake, self.thread = threading.Lock(), threading.Event(), None
+
+
+SECOND_THREAD = SecondThread()
+atexit.register(SECOND_THREAD.stop)
+os.register_at_fork(after_in_child=SECOND_THREAD._forked)

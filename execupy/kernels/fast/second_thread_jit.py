@@ -1,0 +1,192 @@
+"""A decode mat-vec shared with a second thread that waits spinning: the numba half of
+`execupy.kernels.fast.second_thread` (imported only where numba is installed).
+
+Why not numba's `prange`: its parallel region starts and joins through the threading layer,
+and inside a forward call (where its worker has gone idle since the last linear) that cost
+SmolLM2's 576..1536-wide linears more than the half they saved. Here the second thread spins
+on a control block between calls, so handing it a job costs a cache line's trip (~0.1 us).
+
+A job is one weight's mat-vec in two halves: the first and the second half of the weight's
+groups (input rows), each summed into its own row of `parts`, then `out = parts[0] + parts[1]`.
+Halves of the rows, not of the columns: each thread then reads one contiguous half of the
+weight, which the hardware prefetcher streams (split by columns, each thread read half of every
+row and two threads were slower than one). The same two halves are summed in the same order
+whoever runs them, so one thread and two give bit-identical results.
+
+Claims are work-stealing: the calling thread posts the job, then claims halves until none is
+left, so a second thread that is asleep, descheduled or absent (a forked child) costs nothing;
+it only ever runs a half it claimed, and a claim names the job's sequence number, so a stale
+claim fails instead of running an old job's half on a new job's buffers.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .quantized_jit import _columns
+
+# ---------------------------------------------------------------------------- atomics (LLVM)
+# numba has no atomics or raw pointers in nopython code; these emit the LLVM instructions.
+
+
+def _slot(context, builder, sig, args):
+    array_type = sig.args[0]
+    array = context.make_array(array_type)(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, array_type, array, [args[1]], wraparound=False)
+
+
+@intrinsic
+def load_acquire(typingctx, ctrl, index):
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_slot(context, builder, sig, args), "acquire", 8)
+    return types.int64(ctrl, index), codegen
+
+
+@intrinsic
+def store_release(typingctx, ctrl, index, value):
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[2], _slot(context, builder, sig, args), "release", 8)
+        return context.get_dummy_value()
+    return types.void(ctrl, index, value), codegen
+
+
+@intrinsic
+def compare_exchange(typingctx, ctrl, index, expected, new):
+    """ctrl[index] = new if it holds expected; True when it did."""
+    def codegen(context, builder, sig, args):
+        pair = builder.cmpxchg(_slot(context, builder, sig, args), args[2], args[3], "acq_rel", "acquire")
+        return builder.extract_value(pair, 1)
+    return types.boolean(ctrl, index, expected, new), codegen
+
+
+@intrinsic
+def _pointer(typingctx, address):
+    return types.voidptr(types.int64), lambda context, builder, sig, args: builder.inttoptr(args[0], cgutils.voidptr_t)
+
+
+@intrinsic
+def _cycles(typingctx):
+    """The CPU's cycle counter (rdtsc on x86): a clock for the spin limit without a system call."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+# ---------------------------------------------------------------------------- the control block
+# int64 slots; each one both threads write has a cache line (8 slots) to itself.
+SEQ = 0  # the posted job's number
+CLAIM = 8  # SEQ * 2 + 1 once the second half is claimed (by either thread: a compare-exchange)
+RESULT = 16  # SEQ * 4 + PENDING, DONE (the second thread's half is in `scratch`) or TAKEN_BACK
+STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
+JOB = 32  # the job: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word
+CTRL_SLOTS = 48
+ASLEEP, SPINNING, QUIT = 0, 1, 2
+PENDING, DONE, TAKEN_BACK = 0, 1, 2
+# A caller waits for the second thread's half at most this many cycles, or three times its own
+# half, whichever is longer, then takes the half back and runs it itself: a second thread that
+# lost its core to another thread (OpenBLAS's spinning after a prompt, another process) would
+# otherwise hold the call for a scheduler tick (4 ms against tens of microseconds).
+MIN_WAIT_CYCLES = 100_000
+
+
+@numba.njit(cache=True, inline="always")
+def _half(x, qt, scales, offsets, group_size, rows_per_word, half, part):
+    """part = x @ w.T over half 0 (the first groups // 2 groups) or half 1 (the rest)."""
+    groups = scales.shape[0]
+    g0, g1 = (0, groups // 2) if half == 0 else (groups // 2, groups)
+    words = group_size // rows_per_word  # rows of qt per group
+    _columns(x[g0 * group_size:g1 * group_size], qt[g0 * words:g1 * words], scales[g0:g1], offsets[g0:g1],
+             group_size, rows_per_word, 0, part.shape[0], part)
+
+
+@numba.njit(cache=True)
+def _run_second_half(ctrl, seq, xbuf, scratch):
+    """The second thread's part of job `seq`: claim the second half, run it into `scratch`, say so.
+    The fields are read before the claim; a claim that succeeds proves they were this job's."""
+    k, n, groups, group_size, rows_per_word = ctrl[JOB + 3], ctrl[JOB + 4], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7]
+    scales = numba.carray(_pointer(ctrl[JOB + 1]), (groups, n), np.float32)
+    offsets = numba.carray(_pointer(ctrl[JOB + 2]), (groups, n), np.float32)
+    rows = k // rows_per_word
+    if not compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
+        return
+    x, part = xbuf[:k], scratch[:n]
+    if rows_per_word == 8:
+        _half(x, numba.carray(_pointer(ctrl[JOB]), (rows, n), np.uint32), scales, offsets, group_size, 8, 1, part)
+    elif rows_per_word == 4:
+        _half(x, numba.carray(_pointer(ctrl[JOB]), (rows, n), np.int32), scales, offsets, group_size, 4, 1, part)
+    else:
+        _half(x, numba.carray(_pointer(ctrl[JOB]), (rows, n), np.int8), scales, offsets, group_size, 1, 1, part)
+    compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)  # fails if the caller took it back
+
+
+@numba.njit(cache=True, nogil=True)
+def second_thread_loop(ctrl, xbuf, scratch, spin_cycles):
+    """The second thread: run posted jobs until none came for `spin_cycles` cycles (returns
+    ASLEEP; the Python side then waits for a wake-up) or QUIT is asked (returns QUIT)."""
+    seen = load_acquire(ctrl, SEQ)
+    idle_since = _cycles()
+    while True:
+        seq = load_acquire(ctrl, SEQ)
+        if seq != seen:
+            seen = seq
+            _run_second_half(ctrl, seq, xbuf, scratch)
+            idle_since = _cycles()
+        elif load_acquire(ctrl, STATE) == QUIT:
+            return QUIT
+        elif _cycles() - idle_since > spin_cycles:
+            store_release(ctrl, STATE, ASLEEP)
+            return ASLEEP
+
+
+@numba.njit(cache=True, inline="always")
+def _sum_into(out, first, second):
+    for j in range(out.shape[0]):
+        out[j] = first[j] + second[j]
+
+
+@numba.njit(cache=True, nogil=True)
+def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_per_word, out, share):
+    """out[r] = x[r] @ w.T for each (few) row r, as its two halves summed; with `share` the second
+    thread may run the second half (layouts of `quantized_jit`). Returns the halves taken back."""
+    k, n = x.shape[1], out.shape[1]
+    first, second = np.empty(n, np.float32), np.empty(n, np.float32)
+    share = share and k <= xbuf.shape[0] and n <= scratch.shape[0]
+    taken_back = 0
+    for r in range(x.shape[0]):
+        if not share:
+            _half(x[r], qt, scales, offsets, group_size, rows_per_word, 0, first)
+            _half(x[r], qt, scales, offsets, group_size, rows_per_word, 1, second)
+            _sum_into(out[r], first, second)
+            continue
+        seq = ctrl[SEQ] + 1
+        xbuf[:k] = x[r]  # the second thread reads its own copy: x may be gone when a taken-back half ends
+        ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2] = qt.ctypes.data, scales.ctypes.data, offsets.ctypes.data
+        ctrl[JOB + 3], ctrl[JOB + 4], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = k, n, scales.shape[0], group_size, rows_per_word
+        store_release(ctrl, RESULT, seq * 4 + PENDING)
+        store_release(ctrl, CLAIM, seq * 2)
+        store_release(ctrl, SEQ, seq)  # published: everything above is visible before it
+        start = _cycles()
+        _half(x[r], qt, scales, offsets, group_size, rows_per_word, 0, first)
+        if compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):  # not started there: run it here
+            _half(x[r], qt, scales, offsets, group_size, rows_per_word, 1, second)
+            _sum_into(out[r], first, second)
+            continue
+        deadline = _cycles() + max(3 * (_cycles() - start), MIN_WAIT_CYCLES)
+        while True:
+            if load_acquire(ctrl, RESULT) == seq * 4 + DONE:
+                _sum_into(out[r], first, scratch)
+                break
+            if _cycles() > deadline and compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + TAKEN_BACK):
+                _half(x[r], qt, scales, offsets, group_size, rows_per_word, 1, second)
+                _sum_into(out[r], first, second)
+                taken_back += 1
+                break
+    return taken_back
+
+
+KERNELS = {"second_thread_loop": second_thread_loop, "matvec_halves": matvec_halves}
