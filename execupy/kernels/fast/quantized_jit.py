@@ -20,33 +20,33 @@ _B8, _B16, _B24 = np.int32(8), np.int32(16), np.int32(24)
 
 
 @numba.njit(cache=True, fastmath=True)
-def _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out):
-    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * sum_{c in g} x[c]) for j in j0..j1.
+def _int8_columns(x, qt, scales, offsets, group_size, g0, g1, out):
+    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * sum_{c in g} x[c]) over groups g0..g1.
     # The innermost loops run over contiguous outputs through 1-D row views, which LLVM
     # vectorises (2-D indexing there kept it scalar, 10x slower); four input rows per pass
     # quarter the traffic on the running sums.
-    n = j1 - j0
+    n = out.shape[0]
     total = np.zeros(n, np.float32)
     acc = np.empty(n, np.float32)
-    for g in range(qt.shape[0] // group_size):
+    for g in range(g0, g1):
         acc[:] = 0
         c, end = g * group_size, (g + 1) * group_size
         while c + 4 <= end:
             x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
-            r0, r1, r2, r3 = qt[c, j0:j1], qt[c + 1, j0:j1], qt[c + 2, j0:j1], qt[c + 3, j0:j1]
+            r0, r1, r2, r3 = qt[c], qt[c + 1], qt[c + 2], qt[c + 3]
             for j in range(n):
                 acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])
                            + x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
             c += 4
         while c < end:
-            xc, r0 = x[c], qt[c, j0:j1]
+            xc, r0 = x[c], qt[c]
             for j in range(n):
                 acc[j] += xc * np.float32(r0[j])
             c += 1
-        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g], offsets[g]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
-    out[j0:j1] = total
+    out[:] = total
 
 
 @numba.njit(cache=True, fastmath=True, inline="always")
@@ -58,20 +58,20 @@ def _word_dot(v, x0, x1, x2, x3):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _word_columns(x, qt, scales, offsets, group_size, wide, j0, j1, out):
+def _word_columns(x, qt, scales, offsets, group_size, wide, g0, g1, out):
     # _int8_columns on four int8 rows per int32 word (group_size % 4 == 0): one 32-bit load and
     # four shift pairs where four byte rows took four loads and a byte-widening shuffle each
     # (2x on SmolLM2's 576..1536-column shapes). `wide` weights (the 49152-column head) take four
     # words per pass, which quarters the passes over running sums that no longer sit in L1.
-    n = j1 - j0
+    n = out.shape[0]
     total = np.zeros(n, np.float32)
     acc = np.empty(n, np.float32)
-    for g in range(qt.shape[0] * 4 // group_size):
+    for g in range(g0, g1):
         acc[:] = 0
         b, end = g * group_size // 4, (g + 1) * group_size // 4
         while wide and b + 4 <= end:
             c = 4 * b
-            w0, w1, w2, w3 = qt[b, j0:j1], qt[b + 1, j0:j1], qt[b + 2, j0:j1], qt[b + 3, j0:j1]
+            w0, w1, w2, w3 = qt[b], qt[b + 1], qt[b + 2], qt[b + 3]
             for j in range(n):
                 acc[j] += (_word_dot(w0[j], x[c], x[c + 1], x[c + 2], x[c + 3])
                            + _word_dot(w1[j], x[c + 4], x[c + 5], x[c + 6], x[c + 7])
@@ -80,14 +80,14 @@ def _word_columns(x, qt, scales, offsets, group_size, wide, j0, j1, out):
             b += 4
         while b < end:
             c = 4 * b
-            x0, x1, x2, x3, row = x[c], x[c + 1], x[c + 2], x[c + 3], qt[b, j0:j1]
+            x0, x1, x2, x3, row = x[c], x[c + 1], x[c + 2], x[c + 3], qt[b]
             for j in range(n):
                 acc[j] += _word_dot(row[j], x0, x1, x2, x3)
             b += 1
-        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g], offsets[g]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
-    out[j0:j1] = total
+    out[:] = total
 
 
 @numba.njit(cache=True, fastmath=True, inline="always")
@@ -102,24 +102,24 @@ def nibble_dot(v, x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out):
+def _nibble_columns(x, qt, scales, offsets, group_size, g0, g1, out):
     # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
     # The words stay uint32 (explicit casts): numba would widen the shifts to int64 and halve the lanes.
-    n = j1 - j0
+    n = out.shape[0]
     total = np.zeros(n, np.float32)
     acc = np.empty(n, np.float32)
-    for g in range(qt.shape[0] * 8 // group_size):
+    for g in range(g0, g1):
         acc[:] = 0
         for b in range(g * group_size // 8, (g + 1) * group_size // 8):
             c = 8 * b
             x0, x1, x2, x3, x4, x5, x6, x7 = x[c], x[c + 1], x[c + 2], x[c + 3], x[c + 4], x[c + 5], x[c + 6], x[c + 7]
-            row = qt[b, j0:j1]
+            row = qt[b]
             for j in range(n):
                 acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
-        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g, j0:j1], offsets[g, j0:j1]
+        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g], offsets[g]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
-    out[j0:j1] = total
+    out[:] = total
 
 
 # Above this many outputs a word weight's running sums leave L1 and `_word_columns` takes four
@@ -128,14 +128,15 @@ WIDE_COLUMNS = 4096
 
 
 @numba.njit(cache=True)
-def _columns(x, qt, scales, offsets, group_size, rows_per_word, j0, j1, out):
-    """out[j0:j1] = (x @ w.T)[j0:j1] for one row x (the decode mat-vecs of second_thread_jit)."""
+def _columns(x, qt, scales, offsets, group_size, rows_per_word, g0, g1, out):
+    """out = x @ w.T over the weight's groups g0..g1 (input rows g0 * group_size on), for one row x:
+    the decode mat-vec's halves (second_thread_jit)."""
     if rows_per_word == 8:
-        _nibble_columns(x, qt, scales, offsets, group_size, j0, j1, out)
+        _nibble_columns(x, qt, scales, offsets, group_size, g0, g1, out)
     elif rows_per_word == 4:
-        _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, j0, j1, out)
+        _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, g0, g1, out)
     else:
-        _int8_columns(x, qt, scales, offsets, group_size, j0, j1, out)
+        _int8_columns(x, qt, scales, offsets, group_size, g0, g1, out)
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)  # nogil: a prompt's two halves dequantize at once

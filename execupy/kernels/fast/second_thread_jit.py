@@ -99,9 +99,7 @@ def _half(x, qt, scales, offsets, group_size, rows_per_word, half, part):
     """part = x @ w.T over half 0 (the first groups // 2 groups) or half 1 (the rest)."""
     groups = scales.shape[0]
     g0, g1 = (0, groups // 2) if half == 0 else (groups // 2, groups)
-    words = group_size // rows_per_word  # rows of qt per group
-    _columns(x[g0 * group_size:g1 * group_size], qt[g0 * words:g1 * words], scales[g0:g1], offsets[g0:g1],
-             group_size, rows_per_word, 0, part.shape[0], part)
+    _columns(x, qt, scales, offsets, group_size, rows_per_word, g0, g1, part)
 
 
 @numba.njit(cache=True)
