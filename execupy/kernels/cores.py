@@ -50,28 +50,13 @@ class SecondCore:
     # of the time), and sending a generation to one thread for that would cost a quarter of it.
     WINDOW_S = 0.25
     LOST_S = 0.02
-    # OpenBLAS's worker keeps spinning on the other core for a while after a product it shared
-    # (2^28 clock cycles by default, 0.1 s at 2.6 GHz). A spinning thread of our own beside it
-    # and the caller make three on two cores, and the scheduler pauses one of them for a tick
-    # (4 ms) every few calls: the first tokens after each prompt stalled 3-7 times.
-    BLAS_SPIN_S = 0.15
     serial_until: float = 0.0  # time.monotonic() before which every site runs on one thread
-    blas_spins_until: float = 0.0  # time.monotonic() before which OpenBLAS's worker may still spin
     lost_s: float = 0.0  # time recent stalls lost, fading by WINDOW_S
     last_stall: float = 0.0  # time.monotonic() of the last stall
 
     def free(self, site: Site) -> bool:
         """Two threads for this call? Only once the site has a one-thread time to beat."""
         return site.serial_s > 0 and time.monotonic() >= self.serial_until
-
-    def free_to_spin(self, site: Site) -> bool:
-        """`free`, and no OpenBLAS worker spinning on the other core (for a thread that spins too)."""
-        return self.free(site) and time.monotonic() >= self.blas_spins_until
-
-    def blas_shared(self) -> None:
-        """A prompt's BLAS product just ran on OpenBLAS's threads. (A decode step's products are
-        not counted: a mat-vec too small for OpenBLAS to split leaves its worker asleep.)"""
-        self.blas_spins_until = time.monotonic() + self.BLAS_SPIN_S
 
     def took(self, site: Site, threads: int, seconds: float) -> None:
         """A call's time: one thread's is remembered, two threads' compared with it."""

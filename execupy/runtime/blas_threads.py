@@ -11,8 +11,9 @@ itself; a slow two-thread call sends every site to one thread for a few seconds)
 larger one (a long prompt: compute-bound) uses BLAS's threads while they keep pace: it is
 timed against the fastest rate (flops per second) a large product reached in this process, and
 `LARGE_STALL` times slower counts as a stall for the same rule. While that rule says the other
-core is busy, an `out = a @ b` of many rows (and a quantized linear's prompt path) runs in two
-halves instead, one on a worker thread and one on the caller's, each with BLAS on one thread:
+core is busy, an `out = a @ b` of many rows runs in two halves instead (a quantized linear's
+prompt always does: runtime/fusion.py), one on a worker thread and one on the caller's, each
+with BLAS on one thread:
 OpenBLAS's threads spin waiting for each other, so with another process on the second core each
 product waits for the scheduler, while the caller waits for its half without spinning. SmolLM2,
 a 113-token prompt with a shell loop spinning on one of the two cores: fp32 192-294 tok/s on
@@ -104,9 +105,7 @@ def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) ->
         halves = _halves(fn, args, kwargs)
         if halves is None:
             _BLAS.use(_BLAS.default)
-            result = fn(*args, **kwargs)
-            SECOND_CORE.blas_shared()
-            return result
+            return fn(*args, **kwargs)
         a, b, out = halves
         return large(2.0 * a.shape[0] * a.shape[1] * b.shape[1], lambda: fn(*args, **kwargs),
                      lambda: in_halves(a, b, out))
@@ -146,7 +145,6 @@ def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
     if _BLAS is None or _BLAS.default < 2 or not HALVES:
         if _BLAS is not None:
             _BLAS.use(_BLAS.default)
-            SECOND_CORE.blas_shared()
         return whole()
     # the rule compares with `STALL` times a one-thread time: this "time" makes it LARGE_STALL times the expected
     site = CallSite(flops / _FASTEST[0] * LARGE_STALL / SECOND_CORE.STALL if _FASTEST[0] else 0.0)
@@ -156,7 +154,6 @@ def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
     faults, t0 = _faults(), time.perf_counter()
     result = whole()
     seconds = time.perf_counter() - t0
-    SECOND_CORE.blas_shared()
     if _faults() - faults > FAULTS_UNTIMED:
         return result
     _FASTEST[0] = max(_FASTEST[0], flops / max(seconds, 1e-9))

@@ -20,6 +20,8 @@ key is then never planned again. docs/fusion.md, "Shape plans", says the same fo
 """
 from __future__ import annotations
 
+import math
+
 import mmap
 import os
 import time
@@ -760,13 +762,16 @@ class Method:
         return tuple(values[i].shape for i in self._tensor_inputs)
 
     def _plan_shapes(self, key: tuple) -> None:
-        """After a general call with input shapes `key`: on the second such call, bind a shape plan."""
+        """After a general call with input shapes `key`: on the second such call, bind a shape plan
+        (a prompt's length may never come back; binding takes about two general calls' time). A
+        call whose inputs hold one element each, an LLM's decode step, binds on the first: every
+        token after it has the same shapes."""
         plans = self._shape_plans
         if key in plans:
             return
         calls = self._calls_by_key
         calls[key] = calls.get(key, 0) + 1
-        if calls[key] < 2:
+        if calls[key] < (1 if all(math.prod(shape) == 1 for shape in key) else 2):
             if len(calls) > 4 * MAX_SHAPE_PLANS:  # many shapes seen once each: forget them
                 calls.clear()
             return

@@ -262,25 +262,6 @@ def test_a_half_the_second_thread_claimed_but_never_finished_is_taken_back():
     pytest.fail("the fake second thread never claimed its half first")
 
 
-def test_no_spinning_helper_while_openblas_spins_after_a_prompt(monkeypatch):
-    """OpenBLAS's worker spins ~0.1 s after a prompt's products; a thread of ours spinning too
-    would make three on two cores, so sharing waits for it (kernels/cores.py)."""
-    from types import SimpleNamespace
-
-    from execupy.kernels import cores as module
-
-    cores, clock = SecondCore(), [100.0]
-    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    w, _ = packed_grouped(np.random.default_rng(12), 256, 256, 32, 4, False)
-    cores.took(w, 1, 0.00003)
-    assert cores.free(w) and cores.free_to_spin(w)
-    cores.blas_shared()
-    clock[0] += SecondCore.BLAS_SPIN_S / 2
-    assert cores.free(w) and not cores.free_to_spin(w)
-    clock[0] += SecondCore.BLAS_SPIN_S
-    assert cores.free_to_spin(w)
-
-
 @needs_numba
 @pytest.mark.parametrize("start_pos, heads, kv_heads, dim", [
     (0, 9, 3, 64), (150, 9, 3, 64), (600, 9, 3, 64),  # SmolLM2's shapes; 601 keys: two 512-key blocks

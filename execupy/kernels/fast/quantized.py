@@ -230,7 +230,7 @@ def _compile() -> Optional[dict[str, Callable]]:
             # A weight big enough to share is timed (kernels/cores.py); its first call runs on one
             # thread: the time the second thread must beat.
             timed = threads is None and n * k >= SHARE_MIN_WEIGHTS and cores > 1
-            share = SECOND_CORE.free_to_spin(w) if timed else threads is not None and threads > 1
+            share = SECOND_CORE.free(w) if timed else threads is not None and threads > 1
             t0 = time.perf_counter()
             shared = SECOND_THREAD.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out, share)
             if timed:

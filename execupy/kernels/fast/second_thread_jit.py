@@ -77,6 +77,9 @@ def _cycles(typingctx):
     return types.int64(), codegen
 
 
+_sched_yield = types.ExternalFunction("sched_yield", types.int32())
+
+
 # ---------------------------------------------------------------------------- the control block
 # int64 slots; each one both threads write has a cache line (8 slots) to itself.
 SEQ = 0  # the posted job's number
@@ -139,6 +142,8 @@ def second_thread_loop(ctrl, xbuf, scratch, spin_cycles):
         elif _cycles() - idle_since > spin_cycles:
             store_release(ctrl, STATE, ASLEEP)
             return ASLEEP
+        else:
+            _sched_yield()
 
 
 @numba.njit(cache=True, inline="always")
