@@ -20,17 +20,19 @@ _B8, _B16, _B24 = np.int32(8), np.int32(16), np.int32(24)
 
 
 @numba.njit(cache=True, fastmath=True)
-def _int8_columns(x, qt, scales, offsets, group_size, g0, g1, out):
-    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * sum_{c in g} x[c]) over groups g0..g1.
+def _int8_columns(x, qt, scales, offsets, group_size, c0, c1, out):
+    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * sum_{c in g} x[c]) over input
+    # rows c0..c1 (a range may start or end inside a group: each part adds its own rows' sums).
     # The innermost loops run over contiguous outputs through 1-D row views, which LLVM
     # vectorises (2-D indexing there kept it scalar, 10x slower); four input rows per pass
     # quarter the traffic on the running sums.
     n = out.shape[0]
     total = np.zeros(n, np.float32)
     acc = np.empty(n, np.float32)
-    for g in range(g0, g1):
+    for g in range(c0 // group_size, -(-c1 // group_size)):
         acc[:] = 0
-        c, end = g * group_size, (g + 1) * group_size
+        c, end = max(c0, g * group_size), min(c1, (g + 1) * group_size)
+        start = c
         while c + 4 <= end:
             x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
             r0, r1, r2, r3 = qt[c], qt[c + 1], qt[c + 2], qt[c + 3]
@@ -43,7 +45,7 @@ def _int8_columns(x, qt, scales, offsets, group_size, g0, g1, out):
             for j in range(n):
                 acc[j] += xc * np.float32(r0[j])
             c += 1
-        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g], offsets[g]
+        xs, sg, og = x[start:end].sum(), scales[g], offsets[g]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
     out[:] = total
@@ -58,7 +60,7 @@ def _word_dot(v, x0, x1, x2, x3):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _word_columns(x, qt, scales, offsets, group_size, wide, g0, g1, out):
+def _word_columns(x, qt, scales, offsets, group_size, wide, c0, c1, out):
     # _int8_columns on four int8 rows per int32 word (group_size % 4 == 0): one 32-bit load and
     # four shift pairs where four byte rows took four loads and a byte-widening shuffle each
     # (2x on SmolLM2's 576..1536-column shapes). `wide` weights (the 49152-column head) take four
@@ -66,9 +68,10 @@ def _word_columns(x, qt, scales, offsets, group_size, wide, g0, g1, out):
     n = out.shape[0]
     total = np.zeros(n, np.float32)
     acc = np.empty(n, np.float32)
-    for g in range(g0, g1):
+    for g in range(c0 // group_size, -(-c1 // group_size)):
         acc[:] = 0
-        b, end = g * group_size // 4, (g + 1) * group_size // 4
+        lo, hi = max(c0, g * group_size), min(c1, (g + 1) * group_size)
+        b, end = lo // 4, hi // 4
         while wide and b + 4 <= end:
             c = 4 * b
             w0, w1, w2, w3 = qt[b], qt[b + 1], qt[b + 2], qt[b + 3]
@@ -84,7 +87,7 @@ def _word_columns(x, qt, scales, offsets, group_size, wide, g0, g1, out):
             for j in range(n):
                 acc[j] += _word_dot(row[j], x0, x1, x2, x3)
             b += 1
-        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g], offsets[g]
+        xs, sg, og = x[lo:hi].sum(), scales[g], offsets[g]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
     out[:] = total
@@ -102,21 +105,22 @@ def nibble_dot(v, x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _nibble_columns(x, qt, scales, offsets, group_size, g0, g1, out):
+def _nibble_columns(x, qt, scales, offsets, group_size, c0, c1, out):
     # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
     # The words stay uint32 (explicit casts): numba would widen the shifts to int64 and halve the lanes.
     n = out.shape[0]
     total = np.zeros(n, np.float32)
     acc = np.empty(n, np.float32)
-    for g in range(g0, g1):
+    for g in range(c0 // group_size, -(-c1 // group_size)):
         acc[:] = 0
-        for b in range(g * group_size // 8, (g + 1) * group_size // 8):
+        lo, hi = max(c0, g * group_size), min(c1, (g + 1) * group_size)
+        for b in range(lo // 8, hi // 8):
             c = 8 * b
             x0, x1, x2, x3, x4, x5, x6, x7 = x[c], x[c + 1], x[c + 2], x[c + 3], x[c + 4], x[c + 5], x[c + 6], x[c + 7]
             row = qt[b]
             for j in range(n):
                 acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
-        xs, sg, og = x[g * group_size:(g + 1) * group_size].sum(), scales[g], offsets[g]
+        xs, sg, og = x[lo:hi].sum(), scales[g], offsets[g]
         for j in range(n):
             total[j] += acc[j] * sg[j] + og[j] * xs
     out[:] = total
@@ -128,15 +132,15 @@ WIDE_COLUMNS = 4096
 
 
 @numba.njit(cache=True)
-def _columns(x, qt, scales, offsets, group_size, rows_per_word, g0, g1, out):
-    """out = x @ w.T over the weight's groups g0..g1 (input rows g0 * group_size on), for one row x:
-    the decode mat-vec's halves (second_thread_jit)."""
+def _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, out):
+    """out = x @ w.T over the weight's input rows c0..c1 (multiples of rows_per_word), for one
+    row x: the decode mat-vec's halves (second_thread_jit)."""
     if rows_per_word == 8:
-        _nibble_columns(x, qt, scales, offsets, group_size, g0, g1, out)
+        _nibble_columns(x, qt, scales, offsets, group_size, c0, c1, out)
     elif rows_per_word == 4:
-        _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, g0, g1, out)
+        _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, c0, c1, out)
     else:
-        _int8_columns(x, qt, scales, offsets, group_size, g0, g1, out)
+        _int8_columns(x, qt, scales, offsets, group_size, c0, c1, out)
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)  # nogil: a prompt's two halves dequantize at once

@@ -7,11 +7,11 @@ SmolLM2's 576..1536-wide linears more than the half they saved. Here the second 
 on a control block between calls, so handing it a job costs a cache line's trip (~0.1 us).
 
 A job is one weight's mat-vec in two halves: the first and the second half of the weight's
-groups (input rows), each summed into its own row of `parts`, then `out = parts[0] + parts[1]`.
-Halves of the rows, not of the columns: each thread then reads one contiguous half of the
-weight, which the hardware prefetcher streams (split by columns, each thread read half of every
-row and two threads were slower than one). The same two halves are summed in the same order
-whoever runs them, so one thread and two give bit-identical results.
+input rows, each summed into its own buffer, then `out = first + second`. Halves of the rows,
+not of the columns: each thread then reads one contiguous half of the weight, which the
+hardware prefetcher streams (split by columns, each thread read half of every row and two
+threads were slower than one). The same two halves are summed in the same order whoever runs
+them, so one thread and two give bit-identical results.
 
 Claims are work-stealing: the calling thread posts the job, then claims halves until none is
 left, so a second thread that is asleep, descheduled or absent (a forked child) costs nothing;
@@ -70,10 +70,15 @@ def _pointer(typingctx, address):
 
 @intrinsic
 def _cycles(typingctx):
-    """The CPU's cycle counter (rdtsc on x86): a clock for the spin limit without a system call."""
+    """The CPU's cycle counter (rdtsc on x86): a clock without a system call. Fenced: LLVM may
+    otherwise move the read across the work it is meant to time (it did: a caller timed its own
+    half as nothing and took every long half back after MIN_WAIT_CYCLES)."""
     def codegen(context, builder, sig, args):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter")
-        return builder.call(fn, [])
+        builder.fence("seq_cst")
+        cycles = builder.call(fn, [])
+        builder.fence("seq_cst")
+        return cycles
     return types.int64(), codegen
 
 
@@ -99,10 +104,13 @@ MIN_WAIT_CYCLES = 100_000
 
 @numba.njit(cache=True, inline="always")
 def _half(x, qt, scales, offsets, group_size, rows_per_word, half, part):
-    """part = x @ w.T over half 0 (the first groups // 2 groups) or half 1 (the rest)."""
-    groups = scales.shape[0]
-    g0, g1 = (0, groups // 2) if half == 0 else (groups // 2, groups)
-    _columns(x, qt, scales, offsets, group_size, rows_per_word, g0, g1, part)
+    """part = x @ w.T over half 0 (the first half of the input rows, a multiple of 8) or half 1
+    (the rest). Not whole groups: a weight of one group per output (per-channel int8) has
+    nothing to split then."""
+    k = x.shape[0]
+    middle = k // 16 * 8
+    c0, c1 = (0, middle) if half == 0 else (middle, k)
+    _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, part)
 
 
 @numba.njit(cache=True)
