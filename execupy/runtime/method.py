@@ -11,7 +11,7 @@ the steps and returns copies of the outputs.
 
 Shape plans: a method with dynamic shapes reads most of its arguments at run time, yet
 its shapes depend only on its input shapes (an LLM decodes one token per call). After a
-second call with the same input shapes, the steps that read run-time values are bound
+second call with the same input shapes (the first, when every input holds one element), the steps that read run-time values are bound
 again with every dynamic tensor fixed at the shape it had (`ShapePlan`); later calls
 with those shapes run that plan: arguments, output buffers and views resolved once. A
 store that sees another shape (a shape that depends on data, not only on the inputs)
@@ -21,7 +21,6 @@ key is then never planned again. docs/fusion.md, "Shape plans", says the same fo
 from __future__ import annotations
 
 import math
-
 import mmap
 import os
 import time

@@ -13,10 +13,12 @@ hardware prefetcher streams (split by columns, each thread read half of every ro
 threads were slower than one). The same two halves are summed in the same order whoever runs
 them, so one thread and two give bit-identical results.
 
-Claims are work-stealing: the calling thread posts the job, then claims halves until none is
-left, so a second thread that is asleep, descheduled or absent (a forked child) costs nothing;
-it only ever runs a half it claimed, and a claim names the job's sequence number, so a stale
-claim fails instead of running an old job's half on a new job's buffers.
+The caller posts the job, runs the first half, then claims the second (a compare-exchange
+that names the job's sequence number, so a stale claim fails instead of running an old job's
+half on a new job's buffers) unless the second thread claimed it first. A second thread that
+is asleep, busy or absent (a forked child) therefore costs nothing, and one that claimed its
+half and then lost its core has the half taken back (MIN_WAIT_CYCLES); it reads only its own
+copy of x and writes only its own buffer, so finishing a half taken back harms nothing.
 """
 from __future__ import annotations
 
