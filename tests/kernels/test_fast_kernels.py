@@ -2,6 +2,8 @@
 same results on the same inputs, and the numpy ones agree with the registered portable
 quantized kernels they stand in for. The numba half runs where numba is installed (CI
 installs the `fast` extra); the numpy half always runs."""
+import os
+
 import numpy as np
 import pytest
 
@@ -260,6 +262,33 @@ def test_a_half_the_second_thread_claimed_but_never_finished_is_taken_back():
         if claimed[0]:
             return
     pytest.fail("the fake second thread never claimed its half first")
+
+
+@needs_numba
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_shares_mat_vecs_without_the_parents_thread():
+    """A child forked after the second thread started has no such thread; its shared calls
+    neither hang nor go wrong (the caller runs both halves, then starts a thread of its own)."""
+    rng = np.random.default_rng(13)
+    packed, _ = packed_grouped(rng, 1024, 512, 32, 4, False)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    expected = Q.NUMBA["qlinear"](x, packed, threads=2)  # the parent's thread is running now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: compute, send the bytes, leave without running the parent's atexit
+        try:
+            got = np.concatenate([Q.NUMBA["qlinear"](x, packed, threads=2) for _ in range(3)])
+            os.write(write, got.tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 1 << 16):
+        data += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    got = np.frombuffer(data, np.float32).reshape(3, -1)
+    assert all(np.array_equal(row, expected[0]) for row in got)
 
 
 @needs_numba
