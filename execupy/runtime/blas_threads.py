@@ -137,7 +137,6 @@ def _faults() -> int:
     return usage.ru_minflt + usage.ru_majflt
 
 
-
 def large(flops: float, whole: Callable[[], T], halves: Callable[[], T]) -> T:
     """A large product (`flops` multiply-adds times 2): whole() on BLAS's threads, or halves()
     (two halves on two threads, see `both`) while the rule of kernels/cores.py says the other

@@ -231,7 +231,7 @@ def _compile() -> Optional[dict[str, Callable]]:
             # thread: the time the second thread must beat.
             timed = threads is None and n * k >= SHARE_MIN_WEIGHTS and cores > 1
             share = SECOND_CORE.free(w) if timed else threads is not None and threads > 1
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if timed else 0.0
             shared = SECOND_THREAD.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out, share)
             if timed:
                 SECOND_CORE.took(w, 2 if shared else 1, time.perf_counter() - t0)
