@@ -49,6 +49,7 @@ def test_a_mat_vec_starts_on_one_thread_and_the_call_restores_blas(rows, product
 
     monkeypatch.setattr(cores, "SECOND_CORE", cores.SecondCore())  # no back-off left by other tests
     monkeypatch.setattr(blas_threads, "SECOND_CORE", cores.SECOND_CORE)
+    monkeypatch.setattr(blas_threads, "OUR_SECOND_THREAD", False)  # BLAS's threads for small products too
     model, pte = export_linear(tmp_path, rows)
     x = np.random.default_rng(0).standard_normal((rows, 64), dtype=np.float32)
     m = Module(pte)
@@ -63,6 +64,11 @@ def test_a_mat_vec_starts_on_one_thread_and_the_call_restores_blas(rows, product
         cores.SECOND_CORE.serial_until = 0.0
         m.forward(x)
         assert product_threads == [1, 1, default]
+        # where our second thread takes the large mat-vecs, OpenBLAS's worker is never woken for a
+        # small one (it would spin beside ours for ~0.1 s)
+        monkeypatch.setattr(blas_threads, "OUR_SECOND_THREAD", True)
+        m.forward(x)
+        assert product_threads == [1, 1, default, 1]
     else:
         assert product_threads == [default]
     assert blas_threads.threads() == default
@@ -154,3 +160,35 @@ def test_a_large_product_that_faults_in_pages_is_not_timed(monkeypatch):
         blas_threads.large(1e6, first_touch, lambda: pytest.fail("the halves ran: faults counted as stalls"))
     assert blas_threads.SECOND_CORE.lost_s == 0.0 and blas_threads._FASTEST == [1e15]
     blas_threads.restore()
+
+
+def test_a_float32_decode_linear_shares_its_rows_with_the_second_core(tmp_path, monkeypatch):
+    """A weight-first mat-vec (W @ x^T, as export-llm writes a float linear) of a large weight
+    runs on the second core's thread with half of W's rows (kernels/fast/dense.py), not on BLAS."""
+    torch = pytest.importorskip("torch")
+    from torch.export import export
+
+    from execupy.exir import to_edge
+    from execupy.kernels.fast import dense
+
+    if dense.matvec is None:
+        pytest.skip("needs the `fast` extra (numba)")
+
+    class WeightFirst(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(768, 512))
+
+        def forward(self, x):
+            return (self.weight @ x.transpose(0, 1)).transpose(0, 1)
+
+    model = WeightFirst().eval()
+    pte = tmp_path / "weight_first.pte"
+    pte.write_bytes(to_edge(export(model, (torch.randn(1, 512),))).to_executorch().buffer)
+    shapes, real = [], dense.matvec
+    monkeypatch.setattr(dense, "matvec", lambda site, w, x, out: (shapes.append(w.shape), real(site, w, x, out)))
+    m = Module(pte)
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 512), dtype=np.float32)
+        np.testing.assert_allclose(m.forward(x), model(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-4)
+    assert shapes and set(shapes) == {(768, 512)}

@@ -39,6 +39,7 @@ from ..errors import (
 )
 from ..schema import program as P
 from ..kernels.cores import CallSite
+from ..kernels.fast import dense
 from ..kernels.portable import linalg as portable_linalg
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
@@ -122,6 +123,13 @@ def _direct_mm(a, b, out) -> Optional[Step]:
     if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
         return None
     rows, matmul, on_threads, site = blas_threads.narrow(a, b), np.matmul, blas_threads.product, CallSite()
+    if rows == 1 and b.shape[1] == 1 and a.dtype == np.float32 and a.flags.c_contiguous and \
+            a.size >= dense.SHARE_MIN_WEIGHTS and dense.matvec is not None:
+        # a decode step's float32 linear, weight first (W @ x^T): both cores, each half of W's rows
+        x, y, matvec = b[:, 0], out[:, 0], dense.matvec
+        if x.flags.c_contiguous and y.flags.c_contiguous:
+            dense.warm_up()
+            return lambda: matvec(site, a, x, y)
 
     def mm_step():
         on_threads(site, rows, matmul, a, b, out=out)

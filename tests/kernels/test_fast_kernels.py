@@ -81,6 +81,23 @@ def test_mat_vec_shared_with_the_second_thread_equals_one_thread(monkeypatch, bi
     assert_within_float32_rounding(one, Q.NUMPY["qlinear"](x, packed))
 
 
+@needs_numba
+@pytest.mark.parametrize("n", [7, 130, 1000])
+def test_float32_mat_vec_shared_with_the_second_thread_equals_one_thread(n):
+    """A float32 decode mat-vec gives half of the weight's rows to the second core's thread; each
+    output row is summed by the same code whoever runs it, so one thread and two agree bit for bit."""
+    from execupy.kernels.fast.second_thread import SECOND_THREAD
+
+    rng = np.random.default_rng(n)
+    w, x = rng.standard_normal((n, 300)).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    one, two = np.empty(n, np.float32), np.empty(n, np.float32)
+    SECOND_THREAD.dense_matvec(x, w, one, False)
+    for _ in range(20):  # the thread is spinning after the first: later calls are shared for real
+        SECOND_THREAD.dense_matvec(x, w, two, True)
+        assert np.array_equal(two, one)
+    assert_within_float32_rounding(one[None], (w.astype(np.float64) @ x).astype(np.float32)[None])
+
+
 CACHE_PROBE = """
 import json, time, numpy as np
 start = time.monotonic()
@@ -91,6 +108,9 @@ for values in ((-100, 100), (0, 15)):  # int8 words, then 4-bit words
     for m, threads in ((1, 1), (1, 2), (5, None)):  # decode on one thread and on two, then prefill
         Q.NUMBA["qlinear"](np.ones((m, 1024), np.float32), packed, threads=threads)
 Q.NUMBA["fake_quantize_per_token"](np.ones((2, 64), np.float32))
+from execupy.kernels.fast.second_thread import SECOND_THREAD
+for share in (False, True):  # a float32 decode mat-vec, alone and shared
+    SECOND_THREAD.dense_matvec(np.ones(1024, np.float32), np.ones((64, 1024), np.float32), np.empty(64, np.float32), share)
 from execupy.kernels.fast import attention_jit as A
 cache = np.ones((8, 1, 16), np.float32)
 A.decode_attention(np.ones((3, 16), np.float32), cache, cache, 5, np.float32(0.5), 512, np.empty((3, 16), np.float32))

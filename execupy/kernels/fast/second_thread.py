@@ -42,22 +42,35 @@ class SecondThread:
     def matvec(self, x: np.ndarray, qt: np.ndarray, scales: np.ndarray, offsets: np.ndarray,
                group_size: int, rows_per_word: int, out: np.ndarray, share: bool) -> bool:
         """out = x @ w.T (quantized_jit's layouts); True when it was offered to the second thread."""
+        return self._call(K.matvec_halves, (x, qt, scales, offsets, group_size, rows_per_word, out), share)
+
+    def dense_matvec(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, share: bool) -> bool:
+        """out = w @ x for a float32 weight w [n, k] (C order), x [k] and out [n] (contiguous);
+        True when it was offered to the second thread."""
+        return self._call(K.dense_matvec_halves, (x, w, out), share)
+
+    def _call(self, kernel, args: tuple, share: bool) -> bool:
+        # kernel(ctrl, xbuf, scratch, *args, share) -> the halves it took back
         if share and self.calls.acquire(blocking=False):
             try:
                 if self.ctrl[K.STATE] == K.ASLEEP:
                     self._wake_up()
-                self.taken_back += K.matvec_halves(self.ctrl, self.xbuf, self.scratch, x, qt, scales, offsets,
-                                                   group_size, rows_per_word, out, True)
+                self.taken_back += kernel(self.ctrl, self.xbuf, self.scratch, *args, True)
                 return True
             finally:
                 self.calls.release()
-        K.matvec_halves(self.ctrl, self.xbuf, self.scratch, x, qt, scales, offsets, group_size, rows_per_word,
-                        out, False)
+        kernel(self.ctrl, self.xbuf, self.scratch, *args, False)
         return False
 
     def _wake_up(self) -> None:
         # This call runs without it: the thread takes a while to start spinning, and claims
         # only what is left when it does.
+        if self.thread is None:
+            # Compiled (or read from numba's cache) here, not in the thread: a process that ends
+            # while a daemon thread is inside LLVM aborts at exit.
+            quit_now = np.zeros(K.CTRL_SLOTS, np.int64)
+            quit_now[K.STATE] = K.QUIT
+            K.second_thread_loop(quit_now, self.xbuf, self.scratch, SPIN_CYCLES)
         self.ctrl[K.STATE] = K.SPINNING
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="execupy-second-core", daemon=True)

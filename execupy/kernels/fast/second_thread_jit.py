@@ -6,12 +6,13 @@ and inside a forward call (where its worker has gone idle since the last linear)
 SmolLM2's 576..1536-wide linears more than the half they saved. Here the second thread spins
 on a control block between calls, so handing it a job costs a cache line's trip (~0.1 us).
 
-A job is one weight's mat-vec in two halves: the first and the second half of the weight's
-input rows, each summed into its own buffer, then `out = first + second`. Halves of the rows,
-not of the columns: each thread then reads one contiguous half of the weight, which the
-hardware prefetcher streams (split by columns, each thread read half of every row and two
-threads were slower than one). The same two halves are summed in the same order whoever runs
-them, so one thread and two give bit-identical results.
+A job is one weight's mat-vec in two halves, each one contiguous half of the weight, which the
+hardware prefetcher streams (split so that each thread read half of every row, two threads
+were slower than one). A quantized weight (`quantized_jit`'s layouts, [k, n]) is cut into the
+first and second half of its input rows, each summed into its own buffer, then
+`out = first + second`; a float32 weight [n, k] into halves of its output rows. The same two
+halves are computed (and summed) the same way whoever runs them, so one thread and two give
+bit-identical results.
 
 The caller posts the job, runs the first half, then claims the second (a compare-exchange
 that names the job's sequence number, so a stale claim fails instead of running an old job's
@@ -93,10 +94,13 @@ SEQ = 0  # the posted job's number
 CLAIM = 8  # SEQ * 2 + 1 once the second half is claimed (by either thread: a compare-exchange)
 RESULT = 16  # SEQ * 4 + PENDING, DONE (the second thread's half is in `scratch`) or TAKEN_BACK
 STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
-JOB = 32  # the job: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word
+JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n
+KIND = JOB + 8  # the job's weight: GROUPED (quantized_jit's layouts) or DENSE (float32 [n, k])
 CTRL_SLOTS = 48
 ASLEEP, SPINNING, QUIT = 0, 1, 2
 PENDING, DONE, TAKEN_BACK = 0, 1, 2
+GROUPED, DENSE = 0, 1
+HERE, THERE, TAKEN = 0, 1, 2  # where a job's second half ran: see _second_half_where
 # A caller waits for the second thread's half at most this many cycles, or three times its own
 # half, whichever is longer, then takes the half back and runs it itself: a second thread that
 # lost its core to another thread (OpenBLAS's spinning after a prompt, another process) would
@@ -115,23 +119,59 @@ def _half(x, qt, scales, offsets, group_size, rows_per_word, half, part):
     _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, part)
 
 
+@numba.njit(cache=True, fastmath=True)
+def dense_rows(w, x, r0, r1, out):
+    """out[r - r0] = w[r] @ x for the rows r0..r1 of a float32 weight [n, k], four rows at a time
+    (each x[i] loaded once for four rows). Both halves of a dense job are this call, so one
+    thread and two give the same bits."""
+    k = x.shape[0]
+    r = r0
+    while r + 4 <= r1:
+        w0, w1, w2, w3 = w[r], w[r + 1], w[r + 2], w[r + 3]
+        a0 = a1 = a2 = a3 = np.float32(0)
+        for i in range(k):
+            xi = x[i]
+            a0 += w0[i] * xi
+            a1 += w1[i] * xi
+            a2 += w2[i] * xi
+            a3 += w3[i] * xi
+        out[r - r0], out[r + 1 - r0], out[r + 2 - r0], out[r + 3 - r0] = a0, a1, a2, a3
+        r += 4
+    for r in range(r, r1):
+        row, acc = w[r], np.float32(0)
+        for i in range(k):
+            acc += row[i] * x[i]
+        out[r - r0] = acc
+
+
+@numba.njit(cache=True, inline="always")
+def _dense_middle(n):
+    # the first row of a dense job's second half: a multiple of 16, so the halves' outputs
+    # (float32) start on their own cache lines
+    return n // 32 * 16
+
+
 @numba.njit(cache=True)
 def _run_second_half(ctrl, seq, xbuf, scratch):
     """The second thread's part of job `seq`: claim the second half, run it into `scratch`, say so.
     The fields are read before the claim; a claim that succeeds proves they were this job's."""
-    k, n, groups, group_size, rows_per_word = ctrl[JOB + 3], ctrl[JOB + 4], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7]
+    kind, k, n = ctrl[KIND], ctrl[JOB + 3], ctrl[JOB + 4]
+    groups, group_size, rows_per_word = ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7]
+    address = ctrl[JOB]
     scales = numba.carray(_pointer(ctrl[JOB + 1]), (groups, n), np.float32)
     offsets = numba.carray(_pointer(ctrl[JOB + 2]), (groups, n), np.float32)
-    rows = k // rows_per_word
     if not compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
         return
-    x, part = xbuf[:k], scratch[:n]
-    if rows_per_word == 8:
-        _half(x, numba.carray(_pointer(ctrl[JOB]), (rows, n), np.uint32), scales, offsets, group_size, 8, 1, part)
+    x = xbuf[:k]
+    if kind == DENSE:
+        middle = _dense_middle(n)
+        dense_rows(numba.carray(_pointer(address), (n, k), np.float32), x, middle, n, scratch[:n - middle])
+    elif rows_per_word == 8:
+        _half(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), scales, offsets, group_size, 8, 1, scratch[:n])
     elif rows_per_word == 4:
-        _half(x, numba.carray(_pointer(ctrl[JOB]), (rows, n), np.int32), scales, offsets, group_size, 4, 1, part)
+        _half(x, numba.carray(_pointer(address), (k // 4, n), np.int32), scales, offsets, group_size, 4, 1, scratch[:n])
     else:
-        _half(x, numba.carray(_pointer(ctrl[JOB]), (rows, n), np.int8), scales, offsets, group_size, 1, 1, part)
+        _half(x, numba.carray(_pointer(address), (k, n), np.int8), scales, offsets, group_size, 1, 1, scratch[:n])
     compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)  # fails if the caller took it back
 
 
@@ -162,6 +202,35 @@ def _sum_into(out, first, second):
         out[j] = first[j] + second[j]
 
 
+@numba.njit(cache=True, inline="always")
+def _post(ctrl, xbuf, x, kind, address, k, n):
+    """Post a job on x (copied: the second thread reads its own x, which may be gone when a
+    taken-back half ends); the caller sets the kind's other fields first. Returns its number."""
+    seq = ctrl[SEQ] + 1
+    xbuf[:k] = x
+    ctrl[KIND], ctrl[JOB], ctrl[JOB + 3], ctrl[JOB + 4] = kind, address, k, n
+    store_release(ctrl, RESULT, seq * 4 + PENDING)
+    store_release(ctrl, CLAIM, seq * 2)
+    store_release(ctrl, SEQ, seq)  # published: everything above is visible before it
+    return seq
+
+
+@numba.njit(cache=True)
+def _second_half_where(ctrl, seq, start):
+    """Once the caller's own half of job `seq` (begun at cycle `start`) is done: HERE when the
+    caller claimed the second half (the thread had not), THERE when the thread ran it (it is in
+    `scratch`), TAKEN when the thread was too slow and the caller took it back. On HERE and
+    TAKEN the caller runs the second half itself."""
+    if compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
+        return HERE
+    deadline = _cycles() + max(3 * (_cycles() - start), MIN_WAIT_CYCLES)
+    while True:
+        if load_acquire(ctrl, RESULT) == seq * 4 + DONE:
+            return THERE
+        if _cycles() > deadline and compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + TAKEN_BACK):
+            return TAKEN
+
+
 @numba.njit(cache=True, nogil=True)
 def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_per_word, out, share):
     """out[r] = x[r] @ w.T for each (few) row r, as its two halves summed; with `share` the second
@@ -169,37 +238,48 @@ def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_
     k, n = x.shape[1], out.shape[1]
     first, second = np.empty(n, np.float32), np.empty(n, np.float32)
     share = share and k <= xbuf.shape[0] and n <= scratch.shape[0]
-    taken_back = 0
+    taken_back, seq, start = 0, 0, 0
     for r in range(x.shape[0]):
-        if not share:
-            _half(x[r], qt, scales, offsets, group_size, rows_per_word, 0, first)
-            _half(x[r], qt, scales, offsets, group_size, rows_per_word, 1, second)
-            _sum_into(out[r], first, second)
-            continue
-        seq = ctrl[SEQ] + 1
-        xbuf[:k] = x[r]  # the second thread reads its own copy: x may be gone when a taken-back half ends
-        ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2] = qt.ctypes.data, scales.ctypes.data, offsets.ctypes.data
-        ctrl[JOB + 3], ctrl[JOB + 4], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = k, n, scales.shape[0], group_size, rows_per_word
-        store_release(ctrl, RESULT, seq * 4 + PENDING)
-        store_release(ctrl, CLAIM, seq * 2)
-        store_release(ctrl, SEQ, seq)  # published: everything above is visible before it
-        start = _cycles()
+        where = HERE
+        if share:
+            ctrl[JOB + 1], ctrl[JOB + 2] = scales.ctypes.data, offsets.ctypes.data
+            ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales.shape[0], group_size, rows_per_word
+            seq = _post(ctrl, xbuf, x[r], GROUPED, qt.ctypes.data, k, n)
+            start = _cycles()
         _half(x[r], qt, scales, offsets, group_size, rows_per_word, 0, first)
-        if compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):  # not started there: run it here
+        if share:
+            where = _second_half_where(ctrl, seq, start)
+        if where == THERE:
+            _sum_into(out[r], first, scratch)
+        else:
             _half(x[r], qt, scales, offsets, group_size, rows_per_word, 1, second)
             _sum_into(out[r], first, second)
-            continue
-        deadline = _cycles() + max(3 * (_cycles() - start), MIN_WAIT_CYCLES)
-        while True:
-            if load_acquire(ctrl, RESULT) == seq * 4 + DONE:
-                _sum_into(out[r], first, scratch)
-                break
-            if _cycles() > deadline and compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + TAKEN_BACK):
-                _half(x[r], qt, scales, offsets, group_size, rows_per_word, 1, second)
-                _sum_into(out[r], first, second)
-                taken_back += 1
-                break
+        taken_back += where == TAKEN
     return taken_back
 
 
-KERNELS = {"second_thread_loop": second_thread_loop, "matvec_halves": matvec_halves}
+@numba.njit(cache=True, nogil=True)
+def dense_matvec_halves(ctrl, xbuf, scratch, x, w, out, share):
+    """out = w @ x for a float32 weight w [n, k] (C order) and x [k]: the first half of w's rows
+    here, the second on the second thread when `share` (each half one contiguous run of the
+    weight). Returns 1 when the second half was taken back."""
+    n, k = w.shape
+    middle = _dense_middle(n)
+    share = share and k <= xbuf.shape[0] and n - middle <= scratch.shape[0]
+    where, seq, start = HERE, 0, 0
+    if share:
+        ctrl[JOB + 5] = 0  # no scales or offsets
+        seq = _post(ctrl, xbuf, x, DENSE, w.ctypes.data, k, n)
+        start = _cycles()
+    dense_rows(w, x, 0, middle, out[:middle])
+    if share:
+        where = _second_half_where(ctrl, seq, start)
+    if where == THERE:
+        out[middle:] = scratch[:n - middle]
+    else:
+        dense_rows(w, x, middle, n, out[middle:])
+    return 1 if where == TAKEN else 0
+
+
+KERNELS = {"second_thread_loop": second_thread_loop, "matvec_halves": matvec_halves,
+           "dense_matvec_halves": dense_matvec_halves}
