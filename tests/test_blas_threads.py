@@ -49,7 +49,6 @@ def test_a_mat_vec_starts_on_one_thread_and_the_call_restores_blas(rows, product
 
     monkeypatch.setattr(cores, "SECOND_CORE", cores.SecondCore())  # no back-off left by other tests
     monkeypatch.setattr(blas_threads, "SECOND_CORE", cores.SECOND_CORE)
-    monkeypatch.setattr(blas_threads, "OUR_SECOND_THREAD", False)  # BLAS's threads for small products too
     model, pte = export_linear(tmp_path, rows)
     x = np.random.default_rng(0).standard_normal((rows, 64), dtype=np.float32)
     m = Module(pte)
@@ -66,7 +65,7 @@ def test_a_mat_vec_starts_on_one_thread_and_the_call_restores_blas(rows, product
         assert product_threads == [1, 1, default]
         # where our second thread takes the large mat-vecs, OpenBLAS's worker is never woken for a
         # small one (it would spin beside ours for ~0.1 s)
-        monkeypatch.setattr(blas_threads, "OUR_SECOND_THREAD", True)
+        cores.SECOND_CORE.own_thread = True
         m.forward(x)
         assert product_threads == [1, 1, default, 1]
     else:
@@ -171,7 +170,8 @@ def test_a_float32_decode_linear_shares_its_rows_with_the_second_core(tmp_path, 
     from execupy.exir import to_edge
     from execupy.kernels.fast import dense
 
-    if dense.matvec is None:
+    real = dense.matvec_kernel()
+    if real is None:
         pytest.skip("needs the `fast` extra (numba)")
 
     class WeightFirst(torch.nn.Module):
@@ -185,8 +185,8 @@ def test_a_float32_decode_linear_shares_its_rows_with_the_second_core(tmp_path, 
     model = WeightFirst().eval()
     pte = tmp_path / "weight_first.pte"
     pte.write_bytes(to_edge(export(model, (torch.randn(1, 512),))).to_executorch().buffer)
-    shapes, real = [], dense.matvec
-    monkeypatch.setattr(dense, "matvec", lambda site, w, x, out: (shapes.append(w.shape), real(site, w, x, out)))
+    shapes = []
+    monkeypatch.setattr(dense, "_LOADED", [lambda site, w, x, out: (shapes.append(w.shape), real(site, w, x, out))])
     m = Module(pte)
     for seed in range(3):
         x = np.random.default_rng(seed).standard_normal((1, 512), dtype=np.float32)

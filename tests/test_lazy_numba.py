@@ -1,7 +1,8 @@
 """A program that needs no compiled kernel imports none of the optional heavy modules: numba
 (about 100 MiB resident), numpy.random (6 MiB: it loads OpenSSL), hashlib (OpenSSL, 3 MiB),
-ml_dtypes (2.5 MiB, for bfloat16 and float8) and numpy.polynomial (1.3 MiB, for erf). An fp32
-LLM's greedy generation would otherwise carry them beside its weights."""
+ml_dtypes (2.5 MiB, for bfloat16 and float8) and numpy.polynomial (1.3 MiB, for erf). A small
+fp32 program would otherwise carry them beside its weights. (An fp32 LLM's decode does load
+numba, for the mat-vecs it shares with the second core: kernels/fast/dense.py.)"""
 import subprocess
 import sys
 from pathlib import Path

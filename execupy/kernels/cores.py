@@ -53,6 +53,7 @@ class SecondCore:
     serial_until: float = 0.0  # time.monotonic() before which every site runs on one thread
     lost_s: float = 0.0  # time recent stalls lost, fading by WINDOW_S
     last_stall: float = 0.0  # time.monotonic() of the last stall
+    own_thread: bool = False  # the second core's own thread has started (kernels/fast/second_thread.py)
 
     def free(self, site: Site) -> bool:
         """Two threads for this call? Only once the site has a one-thread time to beat."""

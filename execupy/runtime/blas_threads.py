@@ -38,7 +38,6 @@ from typing import Callable, Optional, TypeVar
 import numpy as np
 
 from ..kernels.cores import SECOND_CORE, CallSite
-from ..kernels.fast import dense
 
 try:
     from resource import RUSAGE_SELF as _RUSAGE_SELF, getrusage as _getrusage
@@ -48,12 +47,6 @@ except ImportError:  # not a Unix
 T = TypeVar("T")
 
 SMALL_ROWS = int(os.environ.get("EXECUPY_BLAS_SMALL_ROWS", 16))
-# Where the second core's thread runs the large decode mat-vecs (kernels/fast/dense.py and the
-# quantized ones), a small product keeps BLAS on one thread: OpenBLAS's worker spins for ~0.1 s
-# after each product it shares, so a decode step's few small ones (SmolLM2's k/v linears) kept
-# it spinning on the second core beside ours, and ours claimed nothing (fp32 decode 14 ms a
-# token against 10.5-11).
-OUR_SECOND_THREAD = dense.matvec is not None
 SPLIT_MIN_ROWS = 64  # a's rows from which a large product is worth two halves
 HALVES = os.environ.get("EXECUPY_BLAS_HALVES", "1") != "0"  # 0: large products on OpenBLAS's own threads
 
@@ -116,7 +109,11 @@ def product(site: CallSite, rows: int, fn: Callable[..., T], *args, **kwargs) ->
         a, b, out = halves
         return large(2.0 * a.shape[0] * a.shape[1] * b.shape[1], lambda: fn(*args, **kwargs),
                      lambda: in_halves(a, b, out))
-    threads = _BLAS.default if not OUR_SECOND_THREAD and SECOND_CORE.free(site) else 1
+    # Once the second core's own thread serves the large decode mat-vecs (kernels/fast/second_thread.py),
+    # small products keep BLAS on one thread: OpenBLAS's worker spins ~0.1 s after each product
+    # it shares, so a decode step's few small ones (SmolLM2's k/v linears) kept it spinning on
+    # the second core beside ours (fp32 decode 14 ms a token against 11.7 in one comparison).
+    threads = _BLAS.default if not SECOND_CORE.own_thread and SECOND_CORE.free(site) else 1
     _BLAS.use(threads)
     t0 = time.perf_counter()
     result = fn(*args, **kwargs)

@@ -19,8 +19,9 @@ def _activations(rng, m: int, k: int):
     return q, zp, scale
 
 
+# the last three share half their blocks with the second thread (from quantized.SHARE_MIN_WEIGHTS weights)
 @pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96),
-                                           (4, 4000, 576, 32), (1, 1000, 576, 32)])  # the last two split on two threads
+                                           (4, 4000, 576, 32), (1, 1000, 576, 32), (1, 8192, 576, 32)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     rng = np.random.default_rng(m * n + k)
@@ -34,7 +35,7 @@ def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     assert ours.dtype == reference.dtype == np.float32 and ours.shape == (m, n)
     np.testing.assert_array_equal(ours, reference)
     if m < XG.MATVEC_MAX_ROWS:  # a decode step's mat-vec adds in the same order on one thread and on two
-        for threads in (1, 2):
+        for threads in (1,) + (2,) * 10:  # the second thread spins after the first shared call: later ones share for real
             out = XG.NUMBA["blockwise_matvec"](q, zp, scale, packed, np.zeros(n, np.float32) if bias is None else bias,
                                                np.empty((m, n), np.float32), threads=threads)
             np.testing.assert_array_equal(out, reference)
@@ -137,7 +138,7 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"blockwise_matvec", "blockwise_matvec_parallel", "blockwise_tiles", "blockwise_tiles_parallel",
+    assert set(first) == {"blockwise_matvec", "blockwise_tiles", "blockwise_tiles_parallel",
                           "channelwise", "scale_sums", "quantize_rows"}
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

@@ -1,9 +1,12 @@
-"""A float32 decode mat-vec, out = w @ x, on both cores (numba only; None without it).
+"""A float32 decode mat-vec, out = w @ x, on both cores (numba only).
 
-numpy's BLAS (OpenBLAS) reads a weight at ~38 GB/s with its two threads here; the second
-core's thread (second_thread.py), which takes the second half of w's rows while the caller
-runs the first, reads at 63-71 GB/s (SmolLM2's 211 float32 weights, 538 MB, read from memory,
-one token's worth of mat-vecs: 7.6-8.6 ms against 13-14 ms).
+numpy's BLAS (OpenBLAS) read SmolLM2's 211 float32 weights (538 MB, one token's mat-vecs) at
+~38 GB/s with its two threads; the second core's thread (second_thread.py), taking the second
+half of w's rows while the caller runs the first, read them at 49-71 GB/s (7.6-10.4 ms against
+13-14 ms; the machine's memory bandwidth varies from hour to hour).
+
+Loaded only when a method binds such a mat-vec (`matvec_kernel`): numba's import and first call
+add ~115 MiB of resident memory, which a program without one (a small CNN) need not carry.
 """
 from __future__ import annotations
 
@@ -13,13 +16,26 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..cores import SECOND_CORE, Site
-from . import quantized
 
-# Below this many weights a mat-vec stays on BLAS (the hand-over costs more than half saves).
-SHARE_MIN_WEIGHTS = quantized.SHARE_MIN_WEIGHTS
+# From this many weights on a decode mat-vec shares its rows (as quantized.SHARE_MIN_WEIGHTS;
+# below it the hand-over costs more than the half saves, and BLAS keeps it).
+SHARE_MIN_WEIGHTS = 256 * 1024
+
+MatVec = Callable[[Site, np.ndarray, np.ndarray, np.ndarray], None]
+_LOADED: list[Optional[MatVec]] = []  # [the mat-vec or None], once loaded
 
 
-def _compile() -> Optional[Callable[[Site, np.ndarray, np.ndarray, np.ndarray], None]]:
+def matvec_kernel() -> Optional[MatVec]:
+    """The shared mat-vec, loaded (and warmed up) on first use; None without numba or with
+    EXECUPY_NUMBA=0."""
+    if not _LOADED:
+        _LOADED.append(_load())
+    return _LOADED[0]
+
+
+def _load() -> Optional[MatVec]:
+    from . import quantized
+
     if quantized.BACKEND != "numba":
         return None
     import numba
@@ -36,20 +52,7 @@ def _compile() -> Optional[Callable[[Site, np.ndarray, np.ndarray, np.ndarray], 
         shared = SECOND_THREAD.dense_matvec(x, w, out, share)
         SECOND_CORE.took(site, 2 if shared else 1, time.perf_counter() - t0)
 
-    return matvec
-
-
-matvec = _compile()
-_warm = {"done": False}
-
-
-def warm_up() -> None:
-    """One tiny mat-vec, when a method binds a step that will make them: numba's first call in a
-    process sets up its typing and reads the kernel from its disk cache (~0.2 s), which would
-    otherwise land in the first prompt."""
-    if matvec is None or _warm["done"]:
-        return
-    _warm["done"] = True
-    from .second_thread import SECOND_THREAD
-
+    # numba's first call in a process sets up its typing and reads the kernel from its disk
+    # cache (~0.2 s): done here, at bind, not inside the first prompt
     SECOND_THREAD.dense_matvec(np.ones(16, np.float32), np.ones((4, 16), np.float32), np.empty(4, np.float32), False)
+    return matvec

@@ -20,14 +20,16 @@ import threading
 
 import numpy as np
 
+from .. import cores
 from . import second_thread_jit as K
 
 # The spin limit in CPU cycles: 10 million is 2.5-5 ms at 2-4 GHz (the counter's rate is the
 # nominal clock, close enough for a limit nobody needs exact).
 SPIN_CYCLES = 10_000_000
-# The longest row (K) and output (N) a shared call may have: the second thread's copies of x
-# and of its half's sums live in buffers of this size (pages are touched only as used).
-MAX_SHARED = 1 << 18
+# The most floats of x and of the second half's results a shared call may have (the second
+# thread's copy of x and its results live in buffers of this size, whose pages are touched only
+# as used): an XNNPACK output head's second half of block sums, 9 blocks x 49152, fits.
+MAX_SHARED = 1 << 20
 
 
 class SecondThread:
@@ -42,15 +44,16 @@ class SecondThread:
     def matvec(self, x: np.ndarray, qt: np.ndarray, scales: np.ndarray, offsets: np.ndarray,
                group_size: int, rows_per_word: int, out: np.ndarray, share: bool) -> bool:
         """out = x @ w.T (quantized_jit's layouts); True when it was offered to the second thread."""
-        return self._call(K.matvec_halves, (x, qt, scales, offsets, group_size, rows_per_word, out), share)
+        return self.call(K.matvec_halves, (x, qt, scales, offsets, group_size, rows_per_word, out), share)
 
     def dense_matvec(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, share: bool) -> bool:
         """out = w @ x for a float32 weight w [n, k] (C order), x [k] and out [n] (contiguous);
         True when it was offered to the second thread."""
-        return self._call(K.dense_matvec_halves, (x, w, out), share)
+        return self.call(K.dense_matvec_halves, (x, w, out), share)
 
-    def _call(self, kernel, args: tuple, share: bool) -> bool:
-        # kernel(ctrl, xbuf, scratch, *args, share) -> the halves it took back
+    def call(self, kernel, args: tuple, share: bool) -> bool:
+        """kernel(ctrl, xbuf, scratch, *args, share), a `second_thread_jit` job poster that returns
+        the halves it took back; True when it was offered to the second thread."""
         if share and self.calls.acquire(blocking=False):
             try:
                 if self.ctrl[K.STATE] == K.ASLEEP:
@@ -73,6 +76,7 @@ class SecondThread:
             K.second_thread_loop(quit_now, self.xbuf, self.scratch, SPIN_CYCLES)
         self.ctrl[K.STATE] = K.SPINNING
         if self.thread is None:
+            cores.SECOND_CORE.own_thread = True  # BLAS's small products now leave the second core to it
             self.thread = threading.Thread(target=self._run, name="execupy-second-core", daemon=True)
             self.thread.start()
         self.wake.set()

@@ -10,9 +10,10 @@ A job is one weight's mat-vec in two halves, each one contiguous half of the wei
 hardware prefetcher streams (split so that each thread read half of every row, two threads
 were slower than one). A quantized weight (`quantized_jit`'s layouts, [k, n]) is cut into the
 first and second half of its input rows, each summed into its own buffer, then
-`out = first + second`; a float32 weight [n, k] into halves of its output rows. The same two
-halves are computed (and summed) the same way whoever runs them, so one thread and two give
-bit-identical results.
+`out = first + second`; an XNNPACK qb4w weight likewise into halves of its blocks, whose exact
+sums the caller then chains in order (xnnpack_gemm_jit); a float32 weight [n, k] into halves
+of its output rows. The same two halves are computed (and combined) the same way whoever runs
+them, so one thread and two give bit-identical results.
 
 The caller posts the job, runs the first half, then claims the second (a compare-exchange
 that names the job's sequence number, so a stale claim fails instead of running an old job's
@@ -30,7 +31,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .quantized_jit import _columns
+from .quantized_jit import _columns, block_sums
 
 # ---------------------------------------------------------------------------- atomics (LLVM)
 # numba has no atomics or raw pointers in nopython code; these emit the LLVM instructions.
@@ -72,7 +73,7 @@ def _pointer(typingctx, address):
 
 
 @intrinsic
-def _cycles(typingctx):
+def cycles(typingctx):
     """The CPU's cycle counter (rdtsc on x86): a clock without a system call. Fenced: LLVM may
     otherwise move the read across the work it is meant to time (it did: a caller timed its own
     half as nothing and took every long half back after MIN_WAIT_CYCLES)."""
@@ -94,13 +95,14 @@ SEQ = 0  # the posted job's number
 CLAIM = 8  # SEQ * 2 + 1 once the second half is claimed (by either thread: a compare-exchange)
 RESULT = 16  # SEQ * 4 + PENDING, DONE (the second thread's half is in `scratch`) or TAKEN_BACK
 STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
-JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n
-KIND = JOB + 8  # the job's weight: GROUPED (quantized_jit's layouts) or DENSE (float32 [n, k])
+JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n.
+# BLOCKWISE: words; -, -; k, n, -, block
+KIND = JOB + 8  # the job's weight: GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]) or BLOCKWISE (XNNPACK qb4w)
 CTRL_SLOTS = 48
 ASLEEP, SPINNING, QUIT = 0, 1, 2
 PENDING, DONE, TAKEN_BACK = 0, 1, 2
-GROUPED, DENSE = 0, 1
-HERE, THERE, TAKEN = 0, 1, 2  # where a job's second half ran: see _second_half_where
+GROUPED, DENSE, BLOCKWISE = 0, 1, 2
+HERE, THERE, TAKEN = 0, 1, 2  # where a job's second half ran: see second_half_where
 # A caller waits for the second thread's half at most this many cycles, or three times its own
 # half, whichever is longer, then takes the half back and runs it itself: a second thread that
 # lost its core to another thread (OpenBLAS's spinning after a prompt, another process) would
@@ -166,6 +168,11 @@ def _run_second_half(ctrl, seq, xbuf, scratch):
     if kind == DENSE:
         middle = _dense_middle(n)
         dense_rows(numba.carray(_pointer(address), (n, k), np.float32), x, middle, n, scratch[:n - middle])
+    elif kind == BLOCKWISE:  # x holds q + 128; the second half's block sums (xnnpack_gemm_jit)
+        blocks = k // group_size
+        middle = blocks // 2
+        block_sums(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), group_size, middle, blocks,
+                   scratch[:(blocks - middle) * n].reshape((blocks - middle, n)))
     elif rows_per_word == 8:
         _half(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), scales, offsets, group_size, 8, 1, scratch[:n])
     elif rows_per_word == 4:
@@ -180,16 +187,16 @@ def second_thread_loop(ctrl, xbuf, scratch, spin_cycles):
     """The second thread: run posted jobs until none came for `spin_cycles` cycles (returns
     ASLEEP; the Python side then waits for a wake-up) or QUIT is asked (returns QUIT)."""
     seen = load_acquire(ctrl, SEQ)
-    idle_since = _cycles()
+    idle_since = cycles()
     while True:
         seq = load_acquire(ctrl, SEQ)
         if seq != seen:
             seen = seq
             _run_second_half(ctrl, seq, xbuf, scratch)
-            idle_since = _cycles()
+            idle_since = cycles()
         elif load_acquire(ctrl, STATE) == QUIT:
             return QUIT
-        elif _cycles() - idle_since > spin_cycles:
+        elif cycles() - idle_since > spin_cycles:
             store_release(ctrl, STATE, ASLEEP)
             return ASLEEP
         else:
@@ -203,7 +210,7 @@ def _sum_into(out, first, second):
 
 
 @numba.njit(cache=True, inline="always")
-def _post(ctrl, xbuf, x, kind, address, k, n):
+def post_job(ctrl, xbuf, x, kind, address, k, n):
     """Post a job on x (copied: the second thread reads its own x, which may be gone when a
     taken-back half ends); the caller sets the kind's other fields first. Returns its number."""
     seq = ctrl[SEQ] + 1
@@ -216,18 +223,18 @@ def _post(ctrl, xbuf, x, kind, address, k, n):
 
 
 @numba.njit(cache=True)
-def _second_half_where(ctrl, seq, start):
+def second_half_where(ctrl, seq, start):
     """Once the caller's own half of job `seq` (begun at cycle `start`) is done: HERE when the
     caller claimed the second half (the thread had not), THERE when the thread ran it (it is in
     `scratch`), TAKEN when the thread was too slow and the caller took it back. On HERE and
     TAKEN the caller runs the second half itself."""
     if compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
         return HERE
-    deadline = _cycles() + max(3 * (_cycles() - start), MIN_WAIT_CYCLES)
+    deadline = cycles() + max(3 * (cycles() - start), MIN_WAIT_CYCLES)
     while True:
         if load_acquire(ctrl, RESULT) == seq * 4 + DONE:
             return THERE
-        if _cycles() > deadline and compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + TAKEN_BACK):
+        if cycles() > deadline and compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + TAKEN_BACK):
             return TAKEN
 
 
@@ -244,11 +251,11 @@ def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_
         if share:
             ctrl[JOB + 1], ctrl[JOB + 2] = scales.ctypes.data, offsets.ctypes.data
             ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales.shape[0], group_size, rows_per_word
-            seq = _post(ctrl, xbuf, x[r], GROUPED, qt.ctypes.data, k, n)
-            start = _cycles()
+            seq = post_job(ctrl, xbuf, x[r], GROUPED, qt.ctypes.data, k, n)
+            start = cycles()
         _half(x[r], qt, scales, offsets, group_size, rows_per_word, 0, first)
         if share:
-            where = _second_half_where(ctrl, seq, start)
+            where = second_half_where(ctrl, seq, start)
         if where == THERE:
             _sum_into(out[r], first, scratch)
         else:
@@ -269,11 +276,11 @@ def dense_matvec_halves(ctrl, xbuf, scratch, x, w, out, share):
     where, seq, start = HERE, 0, 0
     if share:
         ctrl[JOB + 5] = 0  # no scales or offsets
-        seq = _post(ctrl, xbuf, x, DENSE, w.ctypes.data, k, n)
-        start = _cycles()
+        seq = post_job(ctrl, xbuf, x, DENSE, w.ctypes.data, k, n)
+        start = cycles()
     dense_rows(w, x, 0, middle, out[:middle])
     if share:
-        where = _second_half_where(ctrl, seq, start)
+        where = second_half_where(ctrl, seq, start)
     if where == THERE:
         out[middle:] = scratch[:n - middle]
     else:

@@ -38,9 +38,6 @@ from . import quantized
 # Below this many multiply-adds a second thread costs more to wake than it saves on 2 shared
 # cores (a decode-sized product runs on one thread; prefill-sized ones use every numba thread).
 PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
-# From this many weights (N * K) on, a decode mat-vec splits its outputs between numba's threads
-# (an LLM's output head; a layer's linears lost more to the parallel region's start than they saved).
-PARALLEL_MIN_WEIGHTS = 4 * 1024 * 1024
 
 F32, F64 = np.float32, np.float64
 KSUM_CHUNK = 16  # inputs per packed-weight chunk of XNNPACK's x86 qb4w kernels (kr = 8, two nibble planes)
@@ -171,6 +168,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         import numba
 
         from . import xnnpack_gemm_jit as K
+        from .second_thread import SECOND_THREAD
     except ImportError:
         return None
 
@@ -198,18 +196,16 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     def blockwise_matvec(q, zp, x_scale, w: BlockwiseWeight, bias, out, threads: Optional[int] = None):
         """out float32 [M, N] for a few rows (M < MATVEC_MAX_ROWS): q int8 [M, K], zp int32 [M],
-        x_scale float32 [M], bias float32 [N] (zeros for none). `threads` overrides the choice
-        between one thread and all of them (kernels/cores.py); either adds in the same order."""
-        timed = threads is None and w.n * w.k >= PARALLEL_MIN_WEIGHTS and cores > 1
+        x_scale float32 [M], bias float32 [N] (zeros for none). From SHARE_MIN_WEIGHTS weights on,
+        the second core's thread sums half of the blocks while the rule of kernels/cores.py says
+        it is free; `threads` (1, 2) overrides the rule. One thread and two give the same bits."""
+        timed = threads is None and w.n * w.k >= quantized.SHARE_MIN_WEIGHTS and cores > 1
+        share = SECOND_CORE.free(w) if timed else threads is not None and threads > 1
+        t0 = time.perf_counter() if timed else 0.0
+        shared = SECOND_THREAD.call(K.blockwise_matvec, (q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
+                                    share)
         if timed:
-            threads = cores if SECOND_CORE.free(w) else 1
-            t0 = time.perf_counter()
-        if threads is not None and threads > 1:
-            K.blockwise_matvec_parallel(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, threads, out)
-        else:
-            K.blockwise_matvec(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
-        if timed:
-            SECOND_CORE.took(w, threads, time.perf_counter() - t0)
+            SECOND_CORE.took(w, 2 if shared else 1, time.perf_counter() - t0)
         return out
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .quantized_jit import nibble_dot
+from .quantized_jit import block_sums
+from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, cycles, post_job, second_half_where
 from .xnnpack_gemm import TILE  # defined before xnnpack_gemm imports this module
 
 
@@ -21,80 +22,62 @@ _M4 = np.uint32(15)
 # ---------------------------------------------------------------- a few rows: one pass over the words
 
 
-@numba.njit(cache=True, fastmath=True)
-def _nibble_sums(a, words, b0, b1, j0, j1, acc):
-    # acc[j] = sum over inputs 8 * b0 .. 8 * b1 of a[i] * (stored 4-bit weight of column j0 + j):
-    # a[i] = q + 128 and the stored values (weight + 8) are integers, every partial sum one below
-    # 2**24 (MAX_EXACT_BLOCK), so float32 adds them exactly in whatever order fastmath picks.
-    n = j1 - j0
-    acc[:] = 0
+@numba.njit(cache=True, inline="always")
+def _chain(v, sums, scales, b0):
+    # v = fma(sums[b], scales[b0 + b], v) for each block in order, emulated in float64 (XNNPACK's step)
+    for b in range(sums.shape[0]):
+        s, sb = sums[b], scales[b0 + b]
+        for j in range(v.shape[0]):
+            v[j] = np.float32(np.float64(v[j]) + np.float64(s[j]) * np.float64(sb[j]))
+
+
+@numba.njit(cache=True, inline="always")
+def _sum_and_chain(a, words, scales, block, b0, b1, acc, v):
+    # blocks b0..b1 one at a time: a block's exact sums (in L1), then v's fma with them
     for b in range(b0, b1):
-        c = 8 * b
-        x0, x1, x2, x3, x4, x5, x6, x7 = a[c], a[c + 1], a[c + 2], a[c + 3], a[c + 4], a[c + 5], a[c + 6], a[c + 7]
-        row = words[b, j0:j1]
-        for j in range(n):
-            acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
+        block_sums(a, words, block, b, b + 1, acc)
+        _chain(v, acc, scales, b)
 
 
-@numba.njit(cache=True)
-def _unsigned_row(q, block, a, a8):
-    # a = q + 128 (qdu8's activations); a8[b] = 8 * block b's sum of a, what the stored weights'
-    # +8 adds to the block's sum (exact: integers below 2**24)
-    for i in range(q.shape[0]):
-        a[i] = np.float32(q[i]) + np.float32(128)
-    for b in range(a8.shape[0]):
-        total = np.float32(0)
-        for i in range(b * block, (b + 1) * block):
-            total += a[i]
-        a8[b] = np.float32(8) * total
-
-
-@numba.njit(cache=True)
-def _blockwise_columns(a, a8, zp, x_scale, words, scales, ksum, bias, block, j0, j1, out):
-    # out[j0:j1] for one row, XNNPACK's steps in its order (xnnpack_gemm.py): no fastmath here,
-    # each step rounds to float32 where XNNPACK's does, and the fma is emulated in float64
-    n = j1 - j0
-    acc = np.empty(n, np.float32)
-    v = np.empty(n, np.float32)
-    ks, bs, o = ksum[j0:j1], bias[j0:j1], out[j0:j1]
-    for j in range(n):
-        v[j] = ks[j] * zp
-    per_block = block // 8
-    for b in range(scales.shape[0]):
-        _nibble_sums(a, words, b * per_block, (b + 1) * per_block, j0, j1, acc)
-        sb, shift = scales[b, j0:j1], a8[b]
-        for j in range(n):  # acc - shift: the block's sum of (q + 128) * weight, an exact integer
-            v[j] = np.float32(np.float64(v[j]) + np.float64(acc[j] - shift) * np.float64(sb[j]))
-    for j in range(n):
-        o[j] = np.float32(v[j] * x_scale) + bs[j]
-
-
-@numba.njit(cache=True)
-def blockwise_matvec(q, zp, x_scale, words, scales, ksum, bias, block, out):
-    m, k = q.shape
-    a, a8 = np.empty(k, np.float32), np.empty(k // block, np.float32)
-    for r in range(m):
-        _unsigned_row(q[r], block, a, a8)
-        _blockwise_columns(a, a8, np.float32(zp[r]) + np.float32(128), x_scale[r], words, scales, ksum, bias, block,
-                           0, out.shape[1], out[r])
-
-
-@numba.njit(cache=True, parallel=True)
-def blockwise_matvec_parallel(q, zp, x_scale, words, scales, ksum, bias, block, blocks, out):
-    # blockwise_matvec with the outputs cut into `blocks` runs of columns, one per thread; a run
-    # is a multiple of 64 columns, so no two threads write into one cache line
+@numba.njit(cache=True, nogil=True)
+def blockwise_matvec(ctrl, xbuf, scratch, q, zp, x_scale, words, scales, ksum, bias, block, out, share):
+    """out [M, N] for a few rows, XNNPACK's steps in its order (xnnpack_gemm.py). Each row's blocks
+    are summed in two halves, one contiguous half of the words each; with `share` the second
+    half's sums may run on the second core's thread (second_thread_jit) into `scratch`. Block
+    sums are exact integers and v's chain of fmas runs over the blocks in order whoever summed
+    them, so one thread and two give the same bits. Returns the halves taken back."""
     m, k = q.shape
     n = out.shape[1]
-    width = (-(-n // blocks) + 63) // 64 * 64
-    a, a8 = np.empty(k, np.float32), np.empty(k // block, np.float32)
+    blocks = k // block
+    middle = blocks // 2
+    a = np.empty(k, np.float32)
+    acc = np.empty((1, n), np.float32)
+    v = np.empty(n, np.float32)
+    share = share and k <= xbuf.shape[0] and (blocks - middle) * n <= scratch.shape[0]
+    taken_back, seq, start = 0, 0, 0
     for r in range(m):
-        _unsigned_row(q[r], block, a, a8)
+        for i in range(k):
+            a[i] = np.float32(q[r, i]) + np.float32(128)  # qdu8's activations
+        where = HERE
+        if share:
+            ctrl[JOB + 6] = block
+            seq = post_job(ctrl, xbuf, a, BLOCKWISE, words.ctypes.data, k, n)
+            start = cycles()
         zr = np.float32(zp[r]) + np.float32(128)
-        for t in numba.prange(blocks):
-            j0 = t * width
-            j1 = min(n, j0 + width)
-            if j0 < j1:
-                _blockwise_columns(a, a8, zr, x_scale[r], words, scales, ksum, bias, block, j0, j1, out[r])
+        for j in range(n):
+            v[j] = ksum[j] * zr
+        _sum_and_chain(a, words, scales, block, 0, middle, acc, v)
+        if share:
+            where = second_half_where(ctrl, seq, start)
+        if where == THERE:
+            _chain(v, scratch[:(blocks - middle) * n].reshape((blocks - middle, n)), scales, middle)
+        else:
+            _sum_and_chain(a, words, scales, block, middle, blocks, acc, v)
+        taken_back += where == TAKEN
+        o = out[r]
+        for j in range(n):
+            o[j] = np.float32(v[j] * x_scale[r]) + bias[j]
+    return taken_back
 
 
 # ---------------------------------------------------------------- many rows: a tile of weights at a time
@@ -208,6 +191,6 @@ def quantize_rows(x, q, scale, zero):
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
 # the helpers are compiled into the kernels that call them).
-KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_parallel": blockwise_matvec_parallel,
+KERNELS = {"blockwise_matvec": blockwise_matvec,
            "blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel, "channelwise": channelwise, "scale_sums": scale_sums,
            "quantize_rows": quantize_rows}
