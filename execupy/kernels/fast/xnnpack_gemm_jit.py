@@ -60,7 +60,7 @@ def blockwise_matvec(ctrl, xbuf, scratch, q, zp, x_scale, words, scales, ksum, b
             a[i] = np.float32(q[r, i]) + np.float32(128)  # qdu8's activations
         where = HERE
         if share:
-            ctrl[JOB + 6] = block
+            ctrl[JOB + 5], ctrl[JOB + 6] = 0, block  # no grouped scales; the block size
             seq = post_job(ctrl, xbuf, a, BLOCKWISE, words.ctypes.data, k, n)
             start = cycles()
         zr = np.float32(zp[r]) + np.float32(128)
