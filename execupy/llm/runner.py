@@ -24,7 +24,7 @@ import numpy as np
 
 from execupy.errors import InvalidInputError
 from execupy.llm.sampler import Sampler, SamplerConfig
-from execupy.runtime import Module, TensorInfo
+from execupy.runtime import Module, TensorInfo, collector
 
 if TYPE_CHECKING:
     from execupy.llm.tokenizer import StreamDecoder
@@ -228,8 +228,9 @@ class LLMRunner:
         self.module = Module(str(pte_path))
         self.meta = read_metadata(self.module)
         m = self.meta
-        self.tokenizer = load_tokenizer(tokenizer_path or find_tokenizer(pte_path), bos_id=m.bos_id,
-                                        eos_ids=m.eos_ids, add_bos=m.add_bos, chat_template=m.chat_template)
+        with collector.paused():  # a tokenizer.json is 100,000s of small objects (runtime/collector.py)
+            self.tokenizer = load_tokenizer(tokenizer_path or find_tokenizer(pte_path), bos_id=m.bos_id,
+                                            eos_ids=m.eos_ids, add_bos=m.add_bos, chat_template=m.chat_template)
         return_freed_heap()
         # Bound after the tokenizer: the method's thousands of small objects fill the holes the
         # tokenizer's garbage left in the heap, rather than holes the prefill would fault in.

@@ -43,7 +43,7 @@ from ..kernels.fast import dense
 from ..kernels.portable import linalg as portable_linalg
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
-from . import blas_threads
+from . import blas_threads, collector
 from .backends import BackendContext, backend_names, get_backend
 from .fusion import fusion_enabled, plan_fusion
 
@@ -828,12 +828,18 @@ class Method:
             )
         for setter, x in zip(self._input_setters, inputs):
             setter(x)
-        pc = 0
         plans = self._shape_plans
         key = plan = None
         if plans is not None:
             key = self._shape_key()
             plan = plans.get(key)
+        if plans is None or plan is not None:
+            return self._run(plans, key, plan)
+        with collector.paused():  # a call with no shape plan yet, which will bind one
+            return self._run(plans, key, plan)
+
+    def _run(self, plans, key, plan: Optional[ShapePlan]) -> list[Any]:
+        pc = 0
         try:
             # Kernels follow IEEE semantics (inf/NaN results), as ATen does: no warnings.
             with np.errstate(all="ignore"):

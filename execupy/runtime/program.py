@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import MalformedProgramError, MethodNotFoundError
 from ..schema import program as P
 from ..schema.reader import PteFile, read_pte
+from . import collector
 
 if TYPE_CHECKING:
     from .method import Method
@@ -96,16 +97,17 @@ class Program:
     def load(cls, source: Union[str, os.PathLike, bytes, bytearray, memoryview], **kwargs) -> "Program":
         """Load from a path (memory-mapped, zero-copy) or from bytes."""
         started = time.perf_counter()
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            program = cls(read_pte(source), **kwargs)
-        else:
-            path = Path(source)
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    raise MalformedProgramError(f"{path} is empty")
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            program = cls(read_pte(mm), _keepalive=mm, **kwargs)
+        with collector.paused():
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                program = cls(read_pte(source), **kwargs)
+            else:
+                path = Path(source)
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size == 0:
+                        raise MalformedProgramError(f"{path} is empty")
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                program = cls(read_pte(mm), _keepalive=mm, **kwargs)
         program.load_s = time.perf_counter() - started
         return program
 
@@ -165,9 +167,11 @@ class Program:
         from .method import Method
 
         if event_tracer is None:
-            return Method(self, self.plan(name), fuse=fuse)
+            with collector.paused():
+                return Method(self, self.plan(name), fuse=fuse)
         started = time.perf_counter_ns()
-        method = Method(self, self.plan(name), event_tracer=event_tracer, fuse=False)
+        with collector.paused():
+            method = Method(self, self.plan(name), event_tracer=event_tracer, fuse=False)
         event_tracer.attach(method, load_started_ns=started)
         return method
 
