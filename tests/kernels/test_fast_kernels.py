@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from execupy.kernels import cores as cores_module
 from execupy.kernels.cores import SecondCore
 from execupy.kernels.fast import quantized as Q
 from execupy.kernels.quantized.quant import dequantize_per_channel_group
@@ -73,7 +74,7 @@ def test_mat_vec_shared_with_the_second_thread_equals_one_thread(monkeypatch, bi
     packed, _ = packed_grouped(rng, n, 512, 32, bits, True)
     x = rng.standard_normal((2, 512)).astype(np.float32)
     monkeypatch.setattr(Q, "SHARE_MIN_WEIGHTS", 0)
-    monkeypatch.setattr(Q, "SECOND_CORE", SecondCore())  # no back-off left by other tests
+    monkeypatch.setattr(cores_module, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     assert np.array_equal(Q.NUMBA["qlinear"](x, packed), Q.NUMBA["qlinear"](x, packed, threads=1))
     for _ in range(20):  # the thread is spinning after the first: later calls are shared for real
         two, one = Q.NUMBA["qlinear"](x, packed, threads=2), Q.NUMBA["qlinear"](x, packed, threads=1)
@@ -235,7 +236,7 @@ def test_stalls_a_few_times_a_second_keep_both_cores(monkeypatch):
 @needs_numba
 def test_a_weights_first_decode_call_runs_on_one_thread(monkeypatch):
     monkeypatch.setattr(Q, "SHARE_MIN_WEIGHTS", 0)
-    monkeypatch.setattr(Q, "SECOND_CORE", SecondCore())  # no back-off left by other tests
+    monkeypatch.setattr(cores_module, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     w, _ = packed_grouped(np.random.default_rng(10), 256, 256, 32, 4, False)
     assert w.serial_s == 0
     Q.NUMBA["qlinear"](np.ones((1, 256), np.float32), w)

@@ -10,12 +10,11 @@ add ~115 MiB of resident memory, which a program without one (a small CNN) need 
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..cores import SECOND_CORE, Site
+from ..cores import Site
 
 # From this many weights on a decode mat-vec shares its rows (as quantized.SHARE_MIN_WEIGHTS;
 # below it the hand-over costs more than the half saves, and BLAS keeps it).
@@ -38,19 +37,13 @@ def _load() -> Optional[MatVec]:
 
     if quantized.BACKEND != "numba":
         return None
-    import numba
-
+    from . import second_thread_jit as ST
     from .second_thread import SECOND_THREAD
-
-    cores = numba.config.NUMBA_NUM_THREADS  # NUMBA_NUM_THREADS=1: no second thread either
 
     def matvec(site: Site, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         """out = w @ x: w float32 [n, k] in C order, x [k] and out [n] contiguous. Half of w's rows
         go to the second core's thread when the rule of kernels/cores.py says it is free."""
-        share = cores > 1 and SECOND_CORE.free(site)
-        t0 = time.perf_counter()
-        shared = SECOND_THREAD.dense_matvec(x, w, out, share)
-        SECOND_CORE.took(site, 2 if shared else 1, time.perf_counter() - t0)
+        SECOND_THREAD.run(ST.dense_matvec_halves, (x, w, out), site)
 
     # numba's first call in a process sets up its typing and reads the kernel from its disk
     # cache (~0.2 s): done here, at bind, not inside the first prompt

@@ -14,13 +14,11 @@ so a test can compare them on the same inputs.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..cores import SECOND_CORE
 
 # ---------------------------------------------------------------------------- numpy reference
 
@@ -214,12 +212,10 @@ SHARE_MIN_WEIGHTS = 256 * 1024
 def _compile() -> Optional[dict[str, Callable]]:
     try:
         from . import quantized_jit as K
+        from . import second_thread_jit as ST
         from .second_thread import SECOND_THREAD
     except ImportError:
         return None
-    import numba
-
-    cores = numba.config.NUMBA_NUM_THREADS  # NUMBA_NUM_THREADS=1: no second thread either
 
     def qlinear(x, w: PackedWeight, threads: Optional[int] = None):
         """`threads` (decode only) overrides the choice between one thread and all of them."""
@@ -227,14 +223,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
-            # A weight big enough to share is timed (kernels/cores.py); its first call runs on one
-            # thread: the time the second thread must beat.
-            timed = threads is None and n * k >= SHARE_MIN_WEIGHTS and cores > 1
-            share = SECOND_CORE.free(w) if timed else threads is not None and threads > 1
-            t0 = time.perf_counter() if timed else 0.0
-            shared = SECOND_THREAD.matvec(x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out, share)
-            if timed:
-                SECOND_CORE.took(w, 2 if shared else 1, time.perf_counter() - t0)
+            SECOND_THREAD.run(ST.matvec_halves, (x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out),
+                              w if n * k >= SHARE_MIN_WEIGHTS else None, threads)
             return out
         qlinear_columns(x, w, 0, n, out)
         return out

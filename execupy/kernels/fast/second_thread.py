@@ -17,7 +17,10 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
+from typing import Optional
 
+import numba
 import numpy as np
 
 from .. import cores
@@ -30,6 +33,7 @@ SPIN_CYCLES = 10_000_000
 # thread's copy of x and its results live in buffers of this size, whose pages are touched only
 # as used): an XNNPACK output head's second half of block sums, 9 blocks x 49152, fits.
 MAX_SHARED = 1 << 20
+CORES = numba.config.NUMBA_NUM_THREADS  # NUMBA_NUM_THREADS=1: nothing is shared
 
 
 class SecondThread:
@@ -50,6 +54,19 @@ class SecondThread:
         """out = w @ x for a float32 weight w [n, k] (C order), x [k] and out [n] (contiguous);
         True when it was offered to the second thread."""
         return self.call(K.dense_matvec_halves, (x, w, out), share)
+
+    def run(self, kernel, args: tuple, site: Optional[cores.Site], threads: Optional[int] = None) -> None:
+        """kernel's job (see `call`). With `threads` given, offered to the thread when it is 2 or
+        more. Else, for a `site` (a weight big enough to share), offered while the rule of
+        kernels/cores.py says the other core is free, and timed for that rule (the site's first
+        call runs alone: the time two threads must beat). Else, or with one core, not offered."""
+        if threads is not None or site is None or CORES < 2:
+            self.call(kernel, args, threads is not None and threads > 1)
+            return
+        rule = cores.SECOND_CORE
+        t0 = time.perf_counter()
+        shared = self.call(kernel, args, rule.free(site))
+        rule.took(site, 2 if shared else 1, time.perf_counter() - t0)
 
     def call(self, kernel, args: tuple, share: bool) -> bool:
         """kernel(ctrl, xbuf, scratch, *args, share), a `second_thread_jit` job poster that returns

@@ -26,13 +26,11 @@ public functions use.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..cores import SECOND_CORE
 from . import quantized
 
 # Below this many multiply-adds a second thread costs more to wake than it saves on 2 shared
@@ -192,20 +190,13 @@ def _compile() -> Optional[dict[str, Callable]]:
         run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
         return out
 
-    cores = numba.config.NUMBA_NUM_THREADS
-
     def blockwise_matvec(q, zp, x_scale, w: BlockwiseWeight, bias, out, threads: Optional[int] = None):
         """out float32 [M, N] for a few rows (M < MATVEC_MAX_ROWS): q int8 [M, K], zp int32 [M],
         x_scale float32 [M], bias float32 [N] (zeros for none). From SHARE_MIN_WEIGHTS weights on,
         the second core's thread sums half of the blocks while the rule of kernels/cores.py says
         it is free; `threads` (1, 2) overrides the rule. One thread and two give the same bits."""
-        timed = threads is None and w.n * w.k >= quantized.SHARE_MIN_WEIGHTS and cores > 1
-        share = SECOND_CORE.free(w) if timed else threads is not None and threads > 1
-        t0 = time.perf_counter() if timed else 0.0
-        shared = SECOND_THREAD.call(K.blockwise_matvec, (q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
-                                    share)
-        if timed:
-            SECOND_CORE.took(w, 2 if shared else 1, time.perf_counter() - t0)
+        SECOND_THREAD.run(K.blockwise_matvec, (q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
+                          w if w.n * w.k >= quantized.SHARE_MIN_WEIGHTS else None, threads)
         return out
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
