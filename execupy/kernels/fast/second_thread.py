@@ -10,7 +10,7 @@ prompt's BLAS products then have the core to themselves).
 Sharing never waits long for the thread: the caller posts a job, runs the first half, and runs
 the second too unless the thread has claimed it; a thread that claimed it and then lost its core
 has it taken back. So an asleep, busy or missing thread only means the caller did both. Whether a
-call may share at all is `kernels/cores.py`'s rule, decided by the caller.
+call may share at all is `kernels/cores.py`'s rule, applied and timed in `SecondThread.run`.
 """
 from __future__ import annotations
 
