@@ -24,6 +24,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+# From this many weights (N * K) on, a decode mat-vec may share its work with the second core's
+# thread (kernels/fast/second_thread.py); below it the hand-over costs more than the half saves.
+SHARE_MIN_WEIGHTS = 256 * 1024
+
+
 class Site(Protocol):
     serial_s: float  # the site's last one-thread call, seconds (0: none yet)
 

@@ -14,11 +14,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .. import cores
 from ..cores import Site
 
-# From this many weights on a decode mat-vec shares its rows (as quantized.SHARE_MIN_WEIGHTS;
-# below it the hand-over costs more than the half saves, and BLAS keeps it).
-SHARE_MIN_WEIGHTS = 256 * 1024
+# From this many weights on a decode mat-vec shares its rows (smaller ones stay on BLAS)
+SHARE_MIN_WEIGHTS = cores.SHARE_MIN_WEIGHTS
 
 MatVec = Callable[[Site, np.ndarray, np.ndarray, np.ndarray], None]
 _LOADED: list[Optional[MatVec]] = []  # [the mat-vec or None], once loaded

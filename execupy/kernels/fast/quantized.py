@@ -19,6 +19,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .. import cores
+
 
 # ---------------------------------------------------------------------------- numpy reference
 
@@ -203,10 +205,9 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 
 # ---------------------------------------------------------------------------- numba
 
-# From this many weights (N * K) on, a decode mat-vec may share its work with the second core's
-# thread (kernels/fast/second_thread.py), which takes one half of the weight's rows. Below it the
-# hand-over and the final sum cost more than the half saves.
-SHARE_MIN_WEIGHTS = 256 * 1024
+# From this many weights on a decode mat-vec may share its work (kernels/cores.py; a module global
+# here so that a test can lower it for these kernels alone)
+SHARE_MIN_WEIGHTS = cores.SHARE_MIN_WEIGHTS
 
 
 def _compile() -> Optional[dict[str, Callable]]:
