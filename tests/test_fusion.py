@@ -143,9 +143,9 @@ QUANTIZED_FORMS = [("per-channel int8", None, 8, False), ("grouped int4", 32, 4,
                    ("grouped int8", 32, 8, False), ("grouped with minimum", 32, 4, True)]
 
 
-def quantized_linear_program(n: int, k: int, group, bits: int, with_min: bool) -> bytes:
+def quantized_linear_program(n: int, k: int, group, bits: int, with_min: bool, tokens: int = 3) -> bytes:
     """A linear in export-llm --quantize's form: W = view(dequantize_per_channel(q, s) [+ m]),
-    then mm(W, rows.T).T, exported by our exporter."""
+    then mm(W, rows.T).T, exported by our exporter for `tokens` rows."""
     torch = pytest.importorskip("torch")
     from torch.export import export
 
@@ -171,25 +171,29 @@ def quantized_linear_program(n: int, k: int, group, bits: int, with_min: bool) -
             rows = x.view(-1, k)
             return torch.mm(w.view(n, k), rows.permute(1, 0)).permute(1, 0).view(1, -1, n)
 
-    return to_edge(export(QuantizedLinear(), (torch.randn(1, 3, k),))).to_executorch().buffer
+    return to_edge(export(QuantizedLinear(), (torch.randn(1, tokens, k),))).to_executorch().buffer
 
 
+@pytest.mark.parametrize("tokens", [1, 3])  # one row: the mat-vec bound to the planned arrays (with numba)
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 @pytest.mark.parametrize("form,group,bits,with_min", QUANTIZED_FORMS, ids=[f[0] for f in QUANTIZED_FORMS])
 def test_quantized_linear_is_one_fused_step_equal_within_float32_rounding(form, group, bits, with_min, backend,
-                                                                           monkeypatch):
+                                                                           tokens, monkeypatch):
     from execupy.kernels.fast import quantized as Q
 
     if backend == "numba" and Q.NUMBA is None:
         pytest.skip("numba (the `fast` extra) is not installed")
     monkeypatch.setattr(Q, "qlinear", (Q.NUMBA if backend == "numba" else Q.NUMPY)["qlinear"])
-    program = Program.load(quantized_linear_program(48, 64, group, bits, with_min))
+    monkeypatch.setattr(Q, "bind_matvec", Q.NUMBA["bind_matvec"] if backend == "numba" else None)
+    program = Program.load(quantized_linear_program(48, 64, group, bits, with_min, tokens))
     fused, plain = program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)
     assert "fused:quantized_linear" in fused._op_names
     assert not any("dequantize" in name for name in fused._op_names)
-    x = np.random.default_rng(bits).standard_normal((1, 3, 64)).astype(np.float32)
+    step_names = [step.__name__ for step in fused._steps]
+    assert ("matvec" in step_names) == (backend == "numba" and tokens == 1)
+    x = np.random.default_rng(bits).standard_normal((1, tokens, 64)).astype(np.float32)
     a, b = fused.execute([x])[0], plain.execute([x])[0]
-    assert a.shape == b.shape == (1, 3, 48)
+    assert a.shape == b.shape == (1, tokens, 48)
     # the weight is never rebuilt in float32, so sums round differently: relative 1e-5 of the row
     assert np.all(np.abs(a - b) <= 1e-5 * np.abs(b).max(axis=-1, keepdims=True) + 1e-6)
 

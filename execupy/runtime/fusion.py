@@ -581,6 +581,14 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
 
     if rows == 1:  # a decode step: the one row's scale in float32 scalars (four ufunc calls less)
         n32, eps32, last = np.float32(n), np.float32(eps), total_of.reshape(-1)
+        compiled = _compiled_decode()
+        if compiled is not None and w.size == n and all(t.flags.c_contiguous for t in arrays):
+            kernel, flat = compiled.add_rms_norm_row, [t.reshape(-1) for t in arrays]  # views of the same bytes
+
+            def add_rms_norm_compiled(a=flat[0], b=flat[1], w=flat[2], total=flat[3], normed=flat[4]):
+                kernel(a, b, eps32, w, total, normed)
+
+            return add_rms_norm_compiled
 
         def add_rms_norm_row():
             np.add(xa, xb, out=total)
@@ -601,6 +609,17 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
         np.multiply(normed, w, out=normed)
 
     return add_rms_norm_into
+
+
+def _compiled_decode():
+    """kernels/fast/decode_jit where numba is loaded already (elementwise.numba_loaded), else None."""
+    from ..kernels.fast.elementwise import numba_loaded
+
+    if not numba_loaded():
+        return None
+    from ..kernels.fast import decode_jit
+
+    return decode_jit
 
 
 def _dims(g: Graph, i: int) -> Optional[tuple]:
@@ -756,7 +775,17 @@ def _rope_swapped_into(method, inputs, out: int):
             return None
     except ValueError:
         return None
-    half = x.shape[-1] // 2
+    half, d = x.shape[-1] // 2, x.shape[-1]
+    compiled = _compiled_decode()
+    if (compiled is not None and cos.size == sin.size == d and x.flags.c_contiguous and result.flags.c_contiguous
+            and cos.flags.c_contiguous and sin.flags.c_contiguous):  # one position's tables for every row: decode
+        kernel, rows, table_cos, table_sin = compiled.rope_swapped_rows, x.reshape(-1, d), cos.reshape(d), sin.reshape(d)
+        rows_out = result.reshape(-1, d)
+
+        def rope_swapped_compiled():
+            kernel(rows, table_cos, table_sin, rows_out)
+
+        return rope_swapped_compiled
     swapped = _scratch(method, "swapped", x.shape)
     low, high = x[..., :half], x[..., half:]
     to_low, to_high = swapped[..., :half], swapped[..., half:]
@@ -896,7 +925,7 @@ def _planned_view_source(g: Graph, v: int, pc: int) -> Optional[int]:
 
 def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: int, k: int, group: int,
                            rows: int, out: int):
-    from ..kernels.fast.quantized import BLAS_MIN_ROWS, pack, qlinear, qlinear_columns
+    from ..kernels.fast.quantized import BLAS_MIN_ROWS, bind_matvec, pack, qlinear, qlinear_columns
 
     values = method.values
     packed = method._load_cache.get(("packed", q))
@@ -904,6 +933,9 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
         packed = method._load_cache[("packed", q)] = pack(values[q].reshape(n, k), values[scales], None, group,
                                                           None if mins is None else values[mins])
         method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
+    direct = _quantized_matvec_into(method, bind_matvec, packed, rows, out) if bind_matvec is not None else None
+    if direct is not None:
+        return direct
     get_rows, store = _get(method, rows), method._store_fn(out)
     both, half = blas_threads.both, n // 2
 
@@ -921,6 +953,20 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
         store(y.T)
 
     return quantized_linear_step
+
+
+def _quantized_matvec_into(method, bind_matvec: Callable, packed, rows: int, out: int):
+    """The decode mat-vec reading fixed rows [K, 1] and writing the fixed output [N, 1] in place
+    (a decode shape plan), its arguments gathered once; None for anything else."""
+    static, x = method._arg(rows)
+    result = method._out_array(out)
+    n, k = packed.shape
+    if not static or not all(isinstance(t, np.ndarray) and t.dtype == np.float32 and t.flags.c_contiguous
+                             for t in (x, result)):
+        return None
+    if x.shape != (k, 1) or result.shape != (n, 1) or np.may_share_memory(x, result):
+        return None
+    return bind_matvec(x.reshape(1, k), packed, result.reshape(1, n))  # views of the same bytes
 
 
 PATTERNS: tuple[Callable[[Graph, Node], Optional[Fused]], ...] = (

@@ -230,6 +230,18 @@ def _compile() -> Optional[dict[str, Callable]]:
         qlinear_columns(x, w, 0, n, out)
         return out
 
+    def bind_matvec(x, w: PackedWeight, out) -> Callable[[], None]:
+        """A decode step out = x @ w.T on arrays fixed at bind (x [1, K], out [1, N], C order):
+        `qlinear`'s mat-vec with its arguments gathered once, and no result to copy."""
+        n, k = w.shape
+        args = (x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out)
+        run, kernel, site = SECOND_THREAD.run, ST.matvec_halves, w if n * k >= SHARE_MIN_WEIGHTS else None
+
+        def matvec() -> None:
+            run(kernel, args, site)
+
+        return matvec
+
     def qlinear_columns(x, w: PackedWeight, j0: int, j1: int, out) -> None:
         """out[:, j0:j1] of a prompt's rows: dequantize a slice of columns, multiply it with
         BLAS, next slice. Two calls on distinct columns may run at once (the numba part
@@ -248,7 +260,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         K.fake_quantize_per_token(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
         return out
 
-    return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear, "qlinear_columns": qlinear_columns}
+    return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear, "qlinear_columns": qlinear_columns,
+            "bind_matvec": bind_matvec}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
@@ -258,3 +271,5 @@ _ACTIVE = NUMBA or NUMPY
 fake_quantize_per_token: Callable = _ACTIVE["fake_quantize_per_token"]
 qlinear: Callable = _ACTIVE["qlinear"]
 qlinear_columns: Callable = _ACTIVE["qlinear_columns"]
+# The compiled decode mat-vec bound to fixed arrays (None without numba: the step calls qlinear)
+bind_matvec: Optional[Callable] = NUMBA["bind_matvec"] if NUMBA is not None else None

@@ -1,0 +1,40 @@
+"""Compiled one-token steps of an LLM's decode: the residual add with the RMSNorm after it, and
+the rotary embedding (imported only where numba is installed and loaded already).
+
+Their numpy forms (runtime/fusion.py: `_add_rms_norm_into`, `_rope_swapped_into`) are five to
+eight ufunc calls on 576 floats, each about a microsecond of call for a few nanoseconds of
+work; here each step is one call. The arithmetic is the numpy form's, operation for operation
+in float32 and in the same order (the sum of squares added one element after another, as
+the portable mean's cumsum adds; no fastmath, so no reassociation and no fused multiply-add),
+so the results are bit-identical: tests/test_decode_kernels.py checks it.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def add_rms_norm_row(a, b, eps, w, total, normed):
+    """total = a + b; normed = total * (1 / sqrt(mean(total**2) + eps)) * w, all 1-D of one length."""
+    n = total.shape[0]
+    squares = np.float32(0)
+    for i in range(n):
+        t = a[i] + b[i]
+        total[i] = t
+        squares += t * t
+    scale = np.float32(1) / np.sqrt(squares / np.float32(n) + eps)
+    for i in range(n):
+        normed[i] = total[i] * scale * w[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def rope_swapped_rows(x, cos, sin, out):
+    """out[r] = x[r] * cos + swap_halves(x[r]) * sin for each row r of x [R, D]; cos, sin [D]."""
+    half = x.shape[1] // 2
+    for r in range(x.shape[0]):
+        row, res = x[r], out[r]
+        for i in range(half):
+            lo, hi = row[i], row[i + half]
+            res[i] = lo * cos[i] + hi * sin[i]
+            res[i + half] = hi * cos[i + half] + lo * sin[i + half]

@@ -1,0 +1,72 @@
+"""The compiled one-token steps (execupy/kernels/fast/decode_jit.py) compute bit for bit what the
+numpy kernels they stand in for compute (kernels/fast/__init__.py, themselves bit-identical to
+the unfused portable instructions), and a decode plan uses them once numba is loaded."""
+import numpy as np
+import pytest
+
+from execupy.kernels.fast import rms_norm, rope_swapped
+
+pytest.importorskip("numba")
+from execupy.kernels.fast import decode_jit  # noqa: E402  (needs numba)
+
+RNG = np.random.default_rng(11)
+
+
+def rows(*shape: int, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("n,scale", [(576, 1.0), (576, 1e-3), (576, 3e3), (64, 1.0), (1, 1.0), (2048, 0.1)])
+def test_add_rms_norm_row_is_bit_identical_to_the_numpy_kernel(n, scale):
+    a, b, w = rows(n, scale=scale), rows(n, scale=scale), rows(n)
+    eps = np.float32(1e-5)
+    total, normed = np.empty(n, np.float32), np.empty(n, np.float32)
+    decode_jit.add_rms_norm_row(a, b, eps, w, total, normed)
+    expected_total = np.add(a, b)
+    assert np.array_equal(total, expected_total)
+    assert np.array_equal(normed, rms_norm(expected_total, eps, w))
+
+
+def test_add_rms_norm_row_keeps_numpys_inf_and_nan():
+    n, w = 64, rows(64)
+    zeros, out = np.zeros(n, np.float32), [np.empty(n, np.float32) for _ in range(2)]
+    # a zero row and eps 0: 1 / sqrt(0) is inf and 0 * inf NaN, as numpy gives (no ZeroDivisionError)
+    decode_jit.add_rms_norm_row(zeros, zeros, np.float32(0), w, *out)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert np.array_equal(out[1], rms_norm(zeros, np.float32(0), w), equal_nan=True)
+    a = rows(n)
+    a[5] = np.nan
+    decode_jit.add_rms_norm_row(a, zeros, np.float32(1e-6), w, *out)
+    assert np.isnan(out[1]).all()
+    assert np.array_equal(out[1], rms_norm(a, np.float32(1e-6), w), equal_nan=True)
+
+
+@pytest.mark.parametrize("heads,dim,scale", [(9, 64, 1.0), (3, 64, 50.0), (1, 2, 1.0), (32, 128, 1e-2)])
+def test_rope_swapped_rows_is_bit_identical_to_the_numpy_kernel(heads, dim, scale):
+    x = rows(heads, dim, scale=scale)
+    angles = RNG.uniform(-100, 100, dim // 2).astype(np.float32)
+    cos = np.concatenate([np.cos(angles), np.cos(angles)]).astype(np.float32)
+    sin = np.concatenate([-np.sin(angles), np.sin(angles)]).astype(np.float32)  # the pre-signed tables
+    out = np.empty_like(x)
+    decode_jit.rope_swapped_rows(x, cos, sin, out)
+    assert np.array_equal(out, rope_swapped(x, cos, sin))
+
+
+def test_a_decode_plan_binds_the_compiled_steps_and_matches_numpys(tmp_path, monkeypatch):
+    """Our exporter's tiny LLM: decoding with numba loaded runs the compiled add + RMSNorm and RoPE
+    steps, and every call's logits equal those of the same program with EXECUPY_NUMBA=0."""
+    pytest.importorskip("torch")
+
+    from ..llm.test_export_runner import export_tiny
+    from ..test_fusion import generate_both
+
+    result, _ = export_tiny(tmp_path)
+    _, (fused, _), (compiled, _) = generate_both(result.pte_path, [1, 5, 17, 42, 7], steps=4)
+    names = [step.__name__ for step in fused._shape_plans[fused._shape_key()].steps]
+    assert "add_rms_norm_compiled" in names and "rope_swapped_compiled" in names
+    monkeypatch.setenv("EXECUPY_NUMBA", "0")
+    _, (plain_fused, _), (numpy_only, _) = generate_both(result.pte_path, [1, 5, 17, 42, 7], steps=4)
+    names = [step.__name__ for step in plain_fused._shape_plans[plain_fused._shape_key()].steps]
+    assert "add_rms_norm_compiled" not in names and "add_rms_norm_row" in names
+    for k, (x, y) in enumerate(zip(compiled, numpy_only)):
+        assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
