@@ -625,6 +625,11 @@ class Method:
         else:
             parts = [self._arg(a) for a in ins.args[:-1]]
             store = self._store_fn(ins.args[-1])
+        bind = getattr(kernel, "bind", None)  # a kernel's own step for arguments fixed at bind (kv_cache.py)
+        fixed_out = self._out_array(ins.args[-1]) if bind is not None else None
+        direct = bind(parts, fixed_out) if fixed_out is not None else None
+        if direct is not None:
+            return direct
         if all(static for static, _ in parts):
             args = tuple(p for _, p in parts)
             ret = ins.args[-1]

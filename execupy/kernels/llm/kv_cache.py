@@ -16,7 +16,6 @@ Semantics (the torch side and its eager reference: execupy/llm/export/custom_ops
 from __future__ import annotations
 
 import math
-import sys
 from typing import Callable, Optional
 
 import numpy as np
@@ -39,6 +38,30 @@ def update_cache(value: np.ndarray, cache: np.ndarray, start_pos: int, out: np.n
     _check_window("update_cache", start_pos, value.shape[1], cache)
     cache[:, start_pos : start_pos + value.shape[1]] = value
     return out
+
+
+def _bind_update_cache(parts: list, out: np.ndarray) -> Optional[Callable[[], None]]:
+    """update_cache as a step on a fixed value and cache, the position read at each call (a
+    decode step): the shape checks done here, once; the window still checked on every call.
+    `parts` are the runtime's (is_static, value or getter) of (value, cache, start_pos, out)."""
+    if len(parts) != 4 or not (parts[0][0] and parts[1][0]):
+        return None
+    (_, value), (_, cache), (pos_static, pos) = parts[0], parts[1], parts[2]
+    if not (isinstance(value, np.ndarray) and isinstance(cache, np.ndarray)) or value.ndim != 4 or cache.ndim != 4 or \
+            value.shape[0] != cache.shape[0] or value.shape[2:] != cache.shape[2:]:
+        return None  # the kernel itself says what is wrong
+    get_pos, seqlen, last = (lambda: pos) if pos_static else pos, value.shape[1], cache.shape[1] - value.shape[1]
+
+    def update_cache_step() -> None:
+        start = get_pos()
+        if not 0 <= start <= last:
+            _check_window("update_cache", start, seqlen, cache)
+        cache[:, start : start + seqlen] = value
+
+    return update_cache_step
+
+
+update_cache.bind = _bind_update_cache  # the runtime binds a step with fixed arguments through it
 
 
 # ExecuTorch's kernel walks the keys in blocks of this many slots (for every query length it
@@ -131,11 +154,9 @@ def _compiled_decode() -> Optional[Callable]:
     """kernels/fast/attention_jit.decode_attention where numba is loaded already and allowed."""
     if _COMPILED:
         return _COMPILED[0]
-    if "numba" not in sys.modules:
-        return None
-    from ..fast.elementwise import numba_enabled
+    from ..fast.elementwise import numba_loaded
 
-    if not numba_enabled():
+    if not numba_loaded():
         return None
     from ..fast.attention_jit import decode_attention
 
