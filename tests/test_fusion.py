@@ -208,6 +208,7 @@ def dynamic_activation_program() -> bytes:
     class DynamicActivations(torch.nn.Module):
         def forward(self, x):
             ops = torch.ops.quantized_decomposed
+            x = x * 1.0  # made by an instruction, as a layer's activations are: a planned array, not the input
             s, z = ops.choose_qparams_per_token_asymmetric(x, torch.int8)
             q = ops.quantize_per_token(x, s, z, -128, 127, torch.int8)
             return ops.dequantize_per_token(q, s, z, -128, 127, torch.int8, torch.float32) * 2.0
@@ -223,9 +224,13 @@ def test_per_token_activation_quantization_is_one_fused_step_bit_equal(backend, 
     if backend == "numba" and Q.NUMBA is None:
         pytest.skip("numba (the `fast` extra) is not installed")
     monkeypatch.setattr(Q, "fake_quantize_per_token", (Q.NUMBA if backend == "numba" else Q.NUMPY)["fake_quantize_per_token"])
+    monkeypatch.setattr(Q, "bind_fake_quantize_per_token",
+                        Q.NUMBA["bind_fake_quantize_per_token"] if backend == "numba" else None)
     program = Program.load(dynamic_activation_program())
     fused, plain = program.load_method("forward", fuse=True), program.load_method("forward", fuse=False)
     assert "fused:fake_quantize_per_token" in fused._op_names
+    # fixed arrays (this program's shapes are static): numba's kernel bound straight to them
+    assert ("fake_quantize" in [step.__name__ for step in fused._steps]) == (backend == "numba")
     assert not any("per_token" in name and not name.startswith("fused:") for name in fused._op_names)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((5, 96)).astype(np.float32) * np.array([1e-4, 1, 30, 1, 1], np.float32)[:, None]

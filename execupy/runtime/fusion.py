@@ -855,8 +855,22 @@ def _match_fake_quantize_per_token(g: Graph, anchor: Node) -> Optional[Fused]:
     if not (_float32(g, x, anchor.out) and g.dtype(s) == np.float64 and g.dtype(z) == np.int64):
         return None
     return Fused("fake_quantize_per_token", frozenset(pcs), anchor.pc, (x,), anchor.out,
-                 lambda method: _unary_step(method, "execupy.kernels.fast.quantized", "fake_quantize_per_token",
-                                            x, anchor.out))
+                 lambda method: _fake_quantize_step(method, x, anchor.out))
+
+
+def _fake_quantize_step(method, x: int, out: int):
+    """The compiled kernel straight from x's array into out's when both are fixed (a shape plan),
+    else fake_quantize_per_token on whatever x holds."""
+    from ..kernels.fast import quantized
+
+    bind = quantized.bind_fake_quantize_per_token
+    static, rows = method._arg(x)
+    result = method._out_array(out)
+    if bind is not None and static and all(isinstance(t, np.ndarray) and t.dtype == np.float32 and t.flags.c_contiguous
+                                           for t in (rows, result)):
+        if rows.shape == result.shape and rows.ndim and not np.may_share_memory(rows, result):
+            return bind(rows, result)
+    return _unary_step(method, "execupy.kernels.fast.quantized", "fake_quantize_per_token", x, out)
 
 
 _DEQUANTIZE = "quantized_decomposed::dequantize_per_channel.out"

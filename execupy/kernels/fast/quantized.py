@@ -260,8 +260,17 @@ def _compile() -> Optional[dict[str, Callable]]:
         K.fake_quantize_per_token(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
         return out
 
+    def bind_fake_quantize_per_token(x, out) -> Callable[[], None]:
+        """fake_quantize_per_token from x into out, both float32 [..., K] in C order and fixed at bind."""
+        rows, result, kernel = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]), K.fake_quantize_per_token
+
+        def fake_quantize() -> None:
+            kernel(rows, result)
+
+        return fake_quantize
+
     return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear, "qlinear_columns": qlinear_columns,
-            "bind_matvec": bind_matvec}
+            "bind_matvec": bind_matvec, "bind_fake_quantize_per_token": bind_fake_quantize_per_token}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if os.environ.get("EXECUPY_NUMBA", "1") != "0" else None
@@ -271,5 +280,7 @@ _ACTIVE = NUMBA or NUMPY
 fake_quantize_per_token: Callable = _ACTIVE["fake_quantize_per_token"]
 qlinear: Callable = _ACTIVE["qlinear"]
 qlinear_columns: Callable = _ACTIVE["qlinear_columns"]
-# The compiled decode mat-vec bound to fixed arrays (None without numba: the step calls qlinear)
+# The compiled decode mat-vec and activation quantization bound to fixed arrays (None without
+# numba: the steps call qlinear and fake_quantize_per_token)
 bind_matvec: Optional[Callable] = NUMBA["bind_matvec"] if NUMBA is not None else None
+bind_fake_quantize_per_token: Optional[Callable] = NUMBA["bind_fake_quantize_per_token"] if NUMBA is not None else None
