@@ -70,3 +70,22 @@ def test_a_decode_plan_binds_the_compiled_steps_and_matches_numpys(tmp_path, mon
     assert "add_rms_norm_compiled" not in names and "add_rms_norm_row" in names
     for k, (x, y) in enumerate(zip(compiled, numpy_only)):
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
+
+
+def test_the_compiled_attentions_exp_rounds_as_the_numpy_paths():
+    """attention_jit.exp_below (a vectorised float64 polynomial) gives the float32 the numpy path
+    (kv_cache._exp: float64 exp rounded once) gives, on scores spread as attention's are and on
+    the edges: 0, underflow to denormals and to 0, -inf, NaN."""
+    from execupy.kernels.fast.attention_jit import exp_below
+    from execupy.kernels.llm.kv_cache import _exp
+
+    scores = np.concatenate([rows(1_000_000, scale=s) for s in (0.3, 5.0, 40.0)])
+    top = np.float32(scores.max())
+    edges = np.array([0, -0.0, -1e-30, -1e-7, -0.5, -87.3, -88.7, -103.2, -103.97, -104, -104.5, -105, -200, -1e30,
+                      -np.inf, np.nan], np.float32)
+    for values, top in ((scores, top), (edges, np.float32(0))):
+        e = values.copy()
+        exp_below(e, e.size, top)
+        with np.errstate(invalid="ignore"):
+            expected = _exp(np.subtract(values, top, dtype=np.float32))
+        assert np.array_equal(e, expected, equal_nan=True), f"{np.count_nonzero(e != expected)} differ"
