@@ -813,8 +813,27 @@ def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
         if sig is None or sig.args[0] != gate or not _float32(g, gate, anchor.out):
             continue
         return Fused("silu", frozenset(m.pcs), anchor.pc, (gate,), anchor.out,
-                     lambda method: _unary_step(method, "execupy.kernels.fast", "silu", gate, anchor.out))
+                     lambda method: _silu_step(method, gate, anchor.out))
     return None
+
+
+def _silu_step(method, gate: int, out: int):
+    """kernels.fast.silu's ufunc calls written into the planned output when gate's array and
+    out's are fixed and apart (no array made or copied per call), else silu on what gate holds."""
+    from ..kernels.fast.elementwise import NUMPY_OPS
+
+    static, x = method._arg(gate)
+    result = method._out_array(out)
+    if not static or not all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in (x, result)) or \
+            x.shape != result.shape or np.may_share_memory(x, result):
+        return _unary_step(method, "execupy.kernels.fast", "silu", gate, out)
+    sigmoid = NUMPY_OPS["sigmoid"]
+
+    def silu_into():
+        sigmoid(x, result)
+        np.multiply(x, result, out=result)
+
+    return silu_into
 
 
 def _unary_step(method, module: str, kernel: str, x: int, out: int):

@@ -45,7 +45,7 @@ from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
 from . import blas_threads, collector
 from .backends import BackendContext, backend_names, get_backend
-from .fusion import fusion_enabled, plan_fusion
+from .fusion import VIEW_OPS, fusion_enabled, plan_fusion
 
 Step = Callable[[], Optional[int]]  # returns a jump destination, or None to fall through
 
@@ -140,7 +140,52 @@ def _direct_mm(a, b, out) -> Optional[Step]:
 _DIRECT: dict[Callable, Callable[..., Optional[Step]]] = {portable_linalg.mm: _direct_mm}
 
 
-def _direct_step(kernel: Callable, args: tuple, out: Any) -> Optional[Step]:
+def _direct_view_copy(view: Callable[..., np.ndarray], args: tuple, out: Any) -> Optional[Step]:
+    """A view op's copy (squeeze_copy, slice_copy, ... fusion.VIEW_OPS) that fusion left as a step
+    (its result feeds a delegate, say), on fixed arrays: the view of the source made once, at
+    bind; each call copies it into the planned output, as the kernel would."""
+    src = args[0]
+    if not isinstance(src, np.ndarray) or not isinstance(out, np.ndarray) or len(args) < 2 or args[-1] is not out:
+        return None
+    try:
+        v = view(src, *args[1:-1])
+    except (ValueError, TypeError, IndexError):  # the kernel itself says what is wrong
+        return None
+    # v must be a view of src's bytes (an element selected from a 1-D array is a scalar: a copy)
+    if not isinstance(v, np.ndarray) or not (v.size == 0 or np.may_share_memory(v, src)):
+        return None
+    if v.shape != out.shape or v.dtype != out.dtype or np.may_share_memory(v, out):
+        return None
+    copyto = np.copyto
+    return lambda: copyto(out, v)
+
+
+def _view_copy_of_read_source(view: Callable[..., np.ndarray], fn: Callable, args: list, get: Callable,
+                              out: np.ndarray, store: Callable) -> Step:
+    """A view op's copy whose source is read at each call (a delegate's output) into a fixed
+    output: the view and one copy, without the kernel's argument checks; a source whose view does
+    not fit the output goes through the kernel, which says what is wrong."""
+    params, copyto = tuple(args[1:-1]), np.copyto
+
+    def view_copy_step():
+        src = get()
+        try:
+            v = view(src, *params)
+        except (ValueError, TypeError, IndexError, AttributeError):
+            v = None
+        if v is not None and v.shape == out.shape and v.dtype == out.dtype:
+            copyto(out, v)
+            return
+        args[0] = src
+        store(fn(*args))
+
+    return view_copy_step
+
+
+def _direct_step(key: str, kernel: Callable, args: tuple, out: Any) -> Optional[Step]:
+    view = VIEW_OPS.get(key)
+    if view is not None:
+        return _direct_view_copy(view, args, out)
     binder = _DIRECT.get(kernel)
     return None if binder is None or len(args) != 3 or args[2] is not out else binder(*args)
 
@@ -636,7 +681,7 @@ class Method:
             frozen = self._frozen or {}
             out = frozen.get(ret, self.values[ret])
             if isinstance(self._plan_values[ret], P.Tensor) and (ret not in self._slots or ret in frozen):
-                direct = _direct_step(kernel, args, out)
+                direct = _direct_step(key, kernel, args, out)
                 if direct is not None:
                     return direct
 
@@ -655,6 +700,9 @@ class Method:
         if len(getters) == 1:  # one value read at run time (a position, say): fill in its slot only
             args = [p for _, p in parts]
             (k, get), = getters
+            out = self._out_array(ins.args[-1])
+            if k == 0 and key in VIEW_OPS and out is not None and args[-1] is out:
+                return _view_copy_of_read_source(VIEW_OPS[key], fn, args, get, out, store)
 
             def call_one_dynamic():
                 args[k] = get()
