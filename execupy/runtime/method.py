@@ -124,7 +124,7 @@ def _direct_mm(a, b, out) -> Optional[Step]:
         return None
     rows, matmul, on_threads, site = blas_threads.narrow(a, b), np.matmul, blas_threads.product, CallSite()
     if rows == 1 and b.shape[1] == 1 and a.dtype == np.float32 and a.flags.c_contiguous and \
-            a.size >= dense.SHARE_MIN_WEIGHTS and b[:, 0].flags.c_contiguous and out[:, 0].flags.c_contiguous:
+            a.nbytes >= dense.SHARE_MIN_BYTES and b[:, 0].flags.c_contiguous and out[:, 0].flags.c_contiguous:
         # a decode step's float32 linear, weight first (W @ x^T): both cores, each half of W's rows
         x, y, matvec = b[:, 0], out[:, 0], dense.matvec_kernel()
         if matvec is not None:

@@ -67,13 +67,13 @@ def test_numba_qlinear_equals_numpy_within_float32_rounding(bits, with_zeros, m)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n", [130, 1000, 4200])  # narrow, wider, wide (four words per pass)
 def test_mat_vec_shared_with_the_second_thread_equals_one_thread(monkeypatch, bits, n):
-    """From SHARE_MIN_WEIGHTS on, with a core free (or when asked), decode offers the second half
+    """From SHARE_MIN_BYTES on, with a core free (or when asked), decode offers the second half
     of the weight's rows to the second core's thread; both halves are summed the same way
     whoever runs them, so one thread and two agree bit for bit."""
     rng = np.random.default_rng(n)
     packed, _ = packed_grouped(rng, n, 512, 32, bits, True)
     x = rng.standard_normal((2, 512)).astype(np.float32)
-    monkeypatch.setattr(Q, "SHARE_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "SHARE_MIN_BYTES", 0)
     monkeypatch.setattr(cores_module, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     assert np.array_equal(Q.NUMBA["qlinear"](x, packed), Q.NUMBA["qlinear"](x, packed, threads=1))
     for _ in range(20):  # the thread is spinning after the first: later calls are shared for real
@@ -235,7 +235,7 @@ def test_stalls_a_few_times_a_second_keep_both_cores(monkeypatch):
 
 @needs_numba
 def test_a_weights_first_decode_call_runs_on_one_thread(monkeypatch):
-    monkeypatch.setattr(Q, "SHARE_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(Q, "SHARE_MIN_BYTES", 0)
     monkeypatch.setattr(cores_module, "SECOND_CORE", SecondCore())  # no back-off left by other tests
     w, _ = packed_grouped(np.random.default_rng(10), 256, 256, 32, 4, False)
     assert w.serial_s == 0

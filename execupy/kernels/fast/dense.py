@@ -17,8 +17,8 @@ import numpy as np
 from .. import cores
 from ..cores import Site
 
-# From this many weights on a decode mat-vec shares its rows (smaller ones stay on BLAS)
-SHARE_MIN_WEIGHTS = cores.SHARE_MIN_WEIGHTS
+# From this many bytes of weight on a decode mat-vec shares its rows (smaller ones stay on BLAS)
+SHARE_MIN_BYTES = cores.SHARE_MIN_BYTES
 
 MatVec = Callable[[Site, np.ndarray, np.ndarray, np.ndarray], None]
 _LOADED: list[Optional[MatVec]] = []  # [the mat-vec or None], once loaded

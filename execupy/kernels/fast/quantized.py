@@ -86,6 +86,11 @@ class PackedWeight:
         return self.rows_per_word == 8
 
     @property
+    def nbytes(self) -> int:
+        """What a decode mat-vec reads: the integers, scales and offsets."""
+        return self.qt.nbytes + self.scales.nbytes + self.offsets.nbytes
+
+    @property
     def shape(self) -> tuple[int, int]:
         """(N, K), the shape of the weight it stands for."""
         return self.qt.shape[1], self.k
@@ -205,9 +210,9 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 
 # ---------------------------------------------------------------------------- numba
 
-# From this many weights on a decode mat-vec may share its work (kernels/cores.py; a module global
-# here so that a test can lower it for these kernels alone)
-SHARE_MIN_WEIGHTS = cores.SHARE_MIN_WEIGHTS
+# From this many bytes of weight on a decode mat-vec may share its work (kernels/cores.py; a module
+# global here so that a test can lower it for these kernels alone)
+SHARE_MIN_BYTES = cores.SHARE_MIN_BYTES
 
 
 def _compile() -> Optional[dict[str, Callable]]:
@@ -225,7 +230,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
             SECOND_THREAD.run(ST.matvec_halves, (x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out),
-                              w if n * k >= SHARE_MIN_WEIGHTS else None, threads)
+                              w if w.nbytes >= SHARE_MIN_BYTES else None, threads)
             return out
         qlinear_columns(x, w, 0, n, out)
         return out
@@ -235,7 +240,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         `qlinear`'s mat-vec with its arguments gathered once, and no result to copy."""
         n, k = w.shape
         args = (x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out)
-        run, kernel, site = SECOND_THREAD.run, ST.matvec_halves, w if n * k >= SHARE_MIN_WEIGHTS else None
+        run, kernel, site = SECOND_THREAD.run, ST.matvec_halves, w if w.nbytes >= SHARE_MIN_BYTES else None
 
         def matvec() -> None:
             run(kernel, args, site)

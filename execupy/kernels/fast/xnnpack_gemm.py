@@ -76,6 +76,11 @@ class BlockwiseWeight:
     def k(self) -> int:
         return self.words.shape[0] * 8
 
+    @property
+    def nbytes(self) -> int:
+        """What a decode mat-vec reads: the words and the block scales."""
+        return self.words.nbytes + self.scales.nbytes
+
 
 def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
     """w int8 [N, K] (signed, -8..7), scales [N, K / block]; the block a multiple of KSUM_CHUNK."""
@@ -192,11 +197,11 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     def blockwise_matvec(q, zp, x_scale, w: BlockwiseWeight, bias, out, threads: Optional[int] = None):
         """out float32 [M, N] for a few rows (M < MATVEC_MAX_ROWS): q int8 [M, K], zp int32 [M],
-        x_scale float32 [M], bias float32 [N] (zeros for none). From SHARE_MIN_WEIGHTS weights on,
+        x_scale float32 [M], bias float32 [N] (zeros for none). From SHARE_MIN_BYTES bytes of weight on,
         the second core's thread sums half of the blocks while the rule of kernels/cores.py says
         it is free; `threads` (1, 2) overrides the rule. One thread and two give the same bits."""
         SECOND_THREAD.run(K.blockwise_matvec, (q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
-                          w if w.n * w.k >= quantized.SHARE_MIN_WEIGHTS else None, threads)
+                          w if w.nbytes >= quantized.SHARE_MIN_BYTES else None, threads)
         return out
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
