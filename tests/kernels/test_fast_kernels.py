@@ -115,10 +115,15 @@ for share in (False, True):  # a float32 decode mat-vec, alone and shared
 from execupy.kernels.fast import attention_jit as A
 cache = np.ones((8, 1, 16), np.float32)
 A.decode_attention(np.ones((3, 16), np.float32), cache, cache, 5, np.float32(0.5), 512, np.empty((3, 16), np.float32))
+from execupy.kernels.fast import decode_jit as D  # a decode step's add + RMSNorm and RoPE
+row = np.ones(16, np.float32)
+D.add_rms_norm_row(row, row, np.float32(1e-5), row, np.empty(16, np.float32), np.empty(16, np.float32))
+D.rope_swapped_rows(np.ones((3, 16), np.float32), row, row, np.empty((3, 16), np.float32))
 from execupy.kernels.fast import second_thread_jit as S
 while not S.second_thread_loop.signatures and time.monotonic() < start + 60:  # the thread loads its loop
     time.sleep(0.01)
-kernels = {**K.KERNELS, **S.KERNELS, "decode_attention": A.decode_attention}
+kernels = {**K.KERNELS, **S.KERNELS, "decode_attention": A.decode_attention,
+           "add_rms_norm_row": D.add_rms_norm_row, "rope_swapped_rows": D.rope_swapped_rows}
 print(json.dumps({name: [sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values())]
                   for name, k in kernels.items()}))
 """
