@@ -34,8 +34,7 @@ _LANES = 16
 # coefficients 1/i! to degree 13 (|r| <= ln2 / 2: the first term left out is below 2**-57), and
 # the point below which float32(exp(x)) is 0 (exp(-105) is a third of float32's smallest denormal).
 _LN2_HI, _LN2_LO, _LOG2E = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
-(_C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12,
- _C13) = (1.0 / math.factorial(i) for i in range(14))
+_TAYLOR = tuple(1.0 / math.factorial(i) for i in range(13, -1, -1))  # highest degree first, for Horner
 _EXP_FLOOR = -105.0
 
 
@@ -57,19 +56,9 @@ def exp_below(e, m, top):
         clipped = x if x >= _EXP_FLOOR else _EXP_FLOOR  # -inf to the floor; NaN too, put back below
         k = np.floor(clipped * _LOG2E + 0.5)
         r = (clipped - k * _LN2_HI) - k * _LN2_LO
-        p = _C13 * r + _C12
-        p = p * r + _C11
-        p = p * r + _C10
-        p = p * r + _C9
-        p = p * r + _C8
-        p = p * r + _C7
-        p = p * r + _C6
-        p = p * r + _C5
-        p = p * r + _C4
-        p = p * r + _C3
-        p = p * r + _C2
-        p = p * r + _C1
-        p = p * r + _C0
+        p = 0.0
+        for c in _TAYLOR:  # a fixed tuple: LLVM unrolls it
+            p = p * r + c
         v = np.float32(p * _float64_from_bits((np.int64(k) + 1023) << 52))  # k in [-152, 0]: a normal 2**k
         e[t] = v if x == x else np.float32(x)
 
