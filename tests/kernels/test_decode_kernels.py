@@ -53,8 +53,8 @@ def test_rope_swapped_rows_is_bit_identical_to_the_numpy_kernel(heads, dim, scal
 
 
 def test_a_decode_plan_binds_the_compiled_steps_and_matches_numpys(tmp_path, monkeypatch):
-    """Our exporter's tiny LLM: decoding with numba loaded runs the compiled add + RMSNorm and RoPE
-    steps, and every call's logits equal those of the same program with EXECUPY_NUMBA=0."""
+    """Our exporter's tiny LLM: decoding with numba loaded runs the compiled add + RMSNorm, RoPE and
+    attention steps, and every call's logits equal those of the same program with EXECUPY_NUMBA=0."""
     pytest.importorskip("torch")
 
     from ..llm.test_export_runner import export_tiny
@@ -64,6 +64,7 @@ def test_a_decode_plan_binds_the_compiled_steps_and_matches_numpys(tmp_path, mon
     _, (fused, _), (compiled, _) = generate_both(result.pte_path, [1, 5, 17, 42, 7], steps=4)
     names = [step.__name__ for step in fused._shape_plans[fused._shape_key()].steps]
     assert "add_rms_norm_compiled" in names and "rope_swapped_compiled" in names
+    assert "custom_sdpa_step" in names  # the attention bound too, its heads shared with the second core
     monkeypatch.setenv("EXECUPY_NUMBA", "0")
     _, (plain_fused, _), (numpy_only, _) = generate_both(result.pte_path, [1, 5, 17, 42, 7], steps=4)
     names = [step.__name__ for step in plain_fused._shape_plans[plain_fused._shape_key()].steps]

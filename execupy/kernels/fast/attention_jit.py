@@ -66,17 +66,18 @@ def exp_below(e, m, top):
 # Reassociation lets LLVM vectorise the dot products (4.8 against 23 us for SmolLM2's 9 heads
 # at position 150); BLAS sums these in an order of its own too. Nothing else here reassociates.
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _scores(q, k, n, m, scale, scores):
-    """scores[h, t] = (q[h] . k[n + t, KV head of h]) * scale for t < m, the rows in memory order."""
+def _scores(q, k, n, m, scale, h0, h1, scores):
+    """scores[h - h0, t] = (q[h] . k[n + t, KV head of h]) * scale for t < m and query heads
+    h0..h1, the rows in memory order."""
     heads, dim = q.shape
     rep = heads // k.shape[1]
     for t in range(m):
-        for h in range(heads):
+        for h in range(h0, h1):
             qr, kr = q[h], k[n + t, h // rep]
             s = np.float32(0)
             for d in range(dim):
                 s += qr[d] * kr[d]
-            scores[h, t] = s * scale
+            scores[h - h0, t] = s * scale
 
 
 @numba.njit(cache=True, nogil=True)
@@ -101,15 +102,23 @@ def _lane_sum(e, m):
 def decode_attention(q, k, v, kv_len, scale, block, out):
     """out [H, D] = softmax(q k^T * scale) v for one query token q [H, D] against the first
     kv_len rows of the caches k, v [S, Hkv, D]; query head h reads KV head h // (H / Hkv)."""
-    heads, dim = q.shape
-    rep = heads // k.shape[1]
+    decode_attention_heads(q, k, v, kv_len, scale, block, 0, q.shape[0], out)
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_attention_heads(q, k, v, kv_len, scale, block, h0, h1, out):
+    """decode_attention's query heads h0..h1 only, into out [h1 - h0, D]: each head's arithmetic
+    is its own, so two threads taking a share of the heads each give the bits one thread does."""
+    dim = q.shape[1]
+    rep = q.shape[0] // k.shape[1]
+    heads = h1 - h0
     scores = np.empty((heads, block), np.float32)
     row_max = np.empty(heads, np.float32)
     row_sum = np.empty(heads, np.float32)
     acc = np.zeros((heads, dim), np.float32)
     for n in range(0, kv_len, block):
         m = min(block, kv_len - n)
-        _scores(q, k, n, m, scale, scores)
+        _scores(q, k, n, m, scale, h0, h1, scores)
         for h in range(heads):
             e = scores[h]
             new_max = e[0]
@@ -132,7 +141,7 @@ def decode_attention(q, k, v, kv_len, scale, block, out):
             row_max[h] = new_max
         for t in range(m):
             for h in range(heads):
-                w, row, a = scores[h, t], v[n + t, h // rep], acc[h]
+                w, row, a = scores[h, t], v[n + t, (h0 + h) // rep], acc[h]
                 for d in range(dim):
                     a[d] += w * row[d]
     for h in range(heads):

@@ -1,4 +1,4 @@
-"""The second core's thread: shares decode mat-vecs with the calling thread (numba only).
+"""The second core's thread: shares decode mat-vecs and attention with the calling thread (numba only).
 
 An LLM's decode step runs some 200 mat-vecs of 0.1-1 million weights, each a few tens of
 microseconds, one after another with Python between them. A thread pool that sleeps between
@@ -54,6 +54,12 @@ class SecondThread:
         """out = w @ x for a float32 weight w [n, k] (C order), x [k] and out [n] (contiguous);
         True when it was offered to the second thread."""
         return self.call(K.dense_matvec_halves, (x, w, out), share)
+
+    def decode_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, scale: np.float32,
+                         block: int, out: np.ndarray, site: cores.Site) -> None:
+        """attention_jit.decode_attention (float32, C order), its query heads split between the
+        two cores while the rule of kernels/cores.py says the other one is free."""
+        self.run(K.attention_halves, (q, k, v, kv_len, scale, block, out), site)
 
     def run(self, kernel, args: tuple, site: Optional[cores.Site], threads: Optional[int] = None) -> None:
         """kernel's job (see `call`). With `threads` given, offered to the thread when it is 2 or

@@ -1,4 +1,4 @@
-"""A decode mat-vec shared with a second thread that waits spinning: the numba half of
+"""A decode mat-vec or attention shared with a second thread that waits spinning: the numba half of
 `execupy.kernels.fast.second_thread` (imported only where numba is installed).
 
 Why not numba's `prange`: its parallel region starts and joins through the threading layer,
@@ -12,8 +12,9 @@ were slower than one). A quantized weight (`quantized_jit`'s layouts, [k, n]) is
 first and second half of its input rows, each summed into its own buffer, then
 `out = first + second`; an XNNPACK qb4w weight likewise into halves of its blocks, whose exact
 sums the caller then chains in order (xnnpack_gemm_jit); a float32 weight [n, k] into halves
-of its output rows. The same two halves are computed (and combined) the same way whoever runs
-them, so one thread and two give bit-identical results.
+of its output rows; a decode attention (attention_jit) into the first and second half of its
+query heads, each head computed alone. The same two halves are computed (and combined) the same
+way whoever runs them, so one thread and two give bit-identical results.
 
 The caller posts the job, runs the first half, then claims the second (a compare-exchange
 that names the job's sequence number, so a stale claim fails instead of running an old job's
@@ -31,6 +32,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .attention_jit import decode_attention_heads
 from .quantized_jit import _columns, block_sums
 
 # ---------------------------------------------------------------------------- atomics (LLVM)
@@ -96,12 +98,14 @@ CLAIM = 8  # SEQ * 2 + 1 once the second half is claimed (by either thread: a co
 RESULT = 16  # SEQ * 4 + PENDING, DONE (the second thread's half is in `scratch`) or TAKEN_BACK
 STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
 JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n.
-# BLOCKWISE: words; -, -; k, n, -, block
-KIND = JOB + 8  # the job's weight: GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]) or BLOCKWISE (XNNPACK qb4w)
+# BLOCKWISE: words; -, -; k, n, -, block. ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
+# ATTENTION_BLOCK; the query in xbuf[:H * D], its scale after it)
+KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w) or ATTENTION
+ATTENTION_BLOCK = KIND + 1
 CTRL_SLOTS = 48
 ASLEEP, SPINNING, QUIT = 0, 1, 2
 PENDING, DONE, TAKEN_BACK = 0, 1, 2
-GROUPED, DENSE, BLOCKWISE = 0, 1, 2
+GROUPED, DENSE, BLOCKWISE, ATTENTION = 0, 1, 2, 3
 HERE, THERE, TAKEN = 0, 1, 2  # where a job's second half ran: see second_half_where
 # A caller waits for the second thread's half at most this many cycles, or three times its own
 # half, whichever is longer, then takes the half back and runs it itself: a second thread that
@@ -153,18 +157,33 @@ def _dense_middle(n):
     return n // 32 * 16
 
 
+@numba.njit(cache=True, inline="always")
+def _attention_middle(heads):
+    # the first query head of an attention job's second half: the caller takes the odd one
+    return (heads + 1) // 2
+
+
 @numba.njit(cache=True)
 def _run_second_half(ctrl, seq, xbuf, scratch):
     """The second thread's part of job `seq`: claim the second half, run it into `scratch`, say so.
     The fields are read before the claim; a claim that succeeds proves they were this job's."""
     kind, k, n = ctrl[KIND], ctrl[JOB + 3], ctrl[JOB + 4]
     groups, group_size, rows_per_word = ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7]
-    address = ctrl[JOB]
-    scales = numba.carray(_pointer(ctrl[JOB + 1]), (groups, n), np.float32)
-    offsets = numba.carray(_pointer(ctrl[JOB + 2]), (groups, n), np.float32)
+    address, second, third, block = ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2], ctrl[ATTENTION_BLOCK]
     if not compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
         return
     x = xbuf[:k]
+    if kind == ATTENTION:  # fields renamed: heads, cache rows, KV heads, kv_len
+        heads, rows, kv_heads, kv_len = n, groups, group_size, rows_per_word
+        dim, middle = k // heads, _attention_middle(heads)
+        keys = numba.carray(_pointer(address), (rows, kv_heads, dim), np.float32)
+        values = numba.carray(_pointer(second), (rows, kv_heads, dim), np.float32)
+        decode_attention_heads(x.reshape((heads, dim)), keys, values, kv_len, xbuf[k], block, middle, heads,
+                               scratch[:(heads - middle) * dim].reshape((heads - middle, dim)))
+        compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)
+        return
+    scales = numba.carray(_pointer(second), (groups, n), np.float32)
+    offsets = numba.carray(_pointer(third), (groups, n), np.float32)
     if kind == DENSE:
         middle = _dense_middle(n)
         dense_rows(numba.carray(_pointer(address), (n, k), np.float32), x, middle, n, scratch[:n - middle])
@@ -288,5 +307,34 @@ def dense_matvec_halves(ctrl, xbuf, scratch, x, w, out, share):
     return 1 if where == TAKEN else 0
 
 
+@numba.njit(cache=True, nogil=True)
+def attention_halves(ctrl, xbuf, scratch, q, k, v, kv_len, scale, block, out, share):
+    """attention_jit.decode_attention (q [H, D], caches k, v [S, Hkv, D], out [H, D]) with the
+    first half of the query heads here and, when `share`, the rest on the second thread. Each
+    head is computed alone, so one thread and two give the same bits. Returns 1 when the second
+    half was taken back."""
+    heads, dim = q.shape
+    middle = _attention_middle(heads)
+    share = share and heads * dim < xbuf.shape[0] and (heads - middle) * dim <= scratch.shape[0]
+    where, seq, start = HERE, 0, 0
+    if share:
+        xbuf[heads * dim] = scale
+        ctrl[JOB + 1], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = v.ctypes.data, k.shape[0], k.shape[1], kv_len
+        ctrl[ATTENTION_BLOCK] = block
+        seq = post_job(ctrl, xbuf, q.reshape(heads * dim), ATTENTION, k.ctypes.data, heads * dim, heads)
+        start = cycles()
+    decode_attention_heads(q, k, v, kv_len, scale, block, 0, middle, out[:middle])
+    if share:
+        where = second_half_where(ctrl, seq, start)
+    if where == THERE:
+        rest = out[middle:]
+        for h in range(heads - middle):
+            for d in range(dim):
+                rest[h, d] = scratch[h * dim + d]
+    else:
+        decode_attention_heads(q, k, v, kv_len, scale, block, middle, heads, out[middle:])
+    return 1 if where == TAKEN else 0
+
+
 KERNELS = {"second_thread_loop": second_thread_loop, "matvec_halves": matvec_halves,
-           "dense_matvec_halves": dense_matvec_halves}
+           "dense_matvec_halves": dense_matvec_halves, "attention_halves": attention_halves}

@@ -198,3 +198,40 @@ def custom_sdpa(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos
         o = _attend(as_compute(q, dtype), k, v, np.asarray(scale, dtype), positions)  # [Hkv, rep * T, D]
         result[b] = o.reshape(n_kv, rep, seqlen, head_dim).transpose(2, 0, 1, 3).reshape(seqlen, n_heads, head_dim)
     return result  # out itself, or (another length) a new array the runtime copies into place
+
+
+def _bind_custom_sdpa(parts: list, out: np.ndarray) -> Optional[Callable[[], None]]:
+    """custom_sdpa as a decode step (batch 1, one query token, float32 arrays fixed at bind, the
+    position read at each call) through the compiled attention, its heads shared with the second
+    core (kernels/fast/second_thread.py); None for anything else, or without numba loaded.
+    `parts` are the runtime's (is_static, value or getter) of the kernel's arguments, `out` last."""
+    if len(parts) != 9 or _compiled_decode() is None or not all(static for static, _ in parts[:3] + parts[4:]):
+        return None
+    (_, query), (_, key), (_, value), (pos_static, pos) = parts[:4]
+    attn_mask, drop_p, scale = parts[4][1], parts[5][1], parts[7][1]
+    arrays = (query, key, value, out)
+    if attn_mask is not None or drop_p != 0.0 or not all(
+            isinstance(t, np.ndarray) and t.dtype == np.float32 and t.flags.c_contiguous for t in arrays):
+        return None
+    if query.ndim != 4 or query.shape[:2] != (1, 1) or out.shape != query.shape or key.shape != value.shape or \
+            key.ndim != 4 or key.shape[0] != 1 or key.shape[3] != query.shape[3] or query.shape[2] % key.shape[2] or \
+            any(np.may_share_memory(out, t) for t in arrays[:3]):
+        return None  # the kernel itself says what is wrong, or takes the general path
+    from ..cores import CallSite
+    from ..fast.second_thread import SECOND_THREAD
+
+    q, keys, values, result = query[0, 0], key[0], value[0], out[0, 0]
+    get_pos, last, site = (lambda: pos) if pos_static else pos, key.shape[1] - 1, CallSite()
+    scale = np.float32(1.0 / math.sqrt(query.shape[3]) if scale is None else scale)
+    attend = SECOND_THREAD.decode_attention
+
+    def custom_sdpa_step() -> None:
+        start = get_pos()
+        if not 0 <= start <= last:
+            _check_window("custom_sdpa", start, 1, key)
+        attend(q, keys, values, start + 1, scale, KV_BLOCK, result, site)
+
+    return custom_sdpa_step
+
+
+custom_sdpa.bind = _bind_custom_sdpa  # the runtime binds a decode step through it
