@@ -43,6 +43,8 @@ PORTABLE_FP32: tuple[str, ...] = ()
 # back into fp32 constants (a mul by the scales remains): no quantized ops in the program.
 PORTABLE_INT8 = ("quantization.qmode=int8",)
 PORTABLE_INT8_EMBEDDING8 = PORTABLE_INT8 + ("quantization.embedding_quantize='8,0'",)  # and an int8 embedding table
+XNNPACK = ("backend.xnnpack.enabled=True", "backend.xnnpack.extended_ops=True")
+Q8DA4W = XNNPACK + ("quantization.qmode=8da4w", "quantization.group_size=32")  # ExecuTorch's LLM recipe
 
 # ExecuTorch's Llama takes hidden_dim from params.json; no max_seq_len there (export_llm refuses it).
 LLAMA_PARAMS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, norm_eps=1e-5,

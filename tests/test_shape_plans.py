@@ -78,12 +78,14 @@ def test_a_shape_read_from_the_data_leaves_the_plan(tmp_path):
     assert module.method("forward").planned_shapes == []
 
 
-def test_executorch_llm_prefill_and_decode_alternately_equal_unplanned(monkeypatch):
+@pytest.mark.parametrize("flags", ["portable", "xnnpack-8da4w"])
+def test_executorch_llm_prefill_and_decode_alternately_equal_unplanned(monkeypatch, flags):
     """ExecuTorch's own LLM export (the token count and the position read with item()): chunks
-    of 3 prompt tokens between single-token decodes give the logits of a method without plans."""
-    from .et_llm import PORTABLE_FP32, export_with_executorch
+    of 3 prompt tokens between single-token decodes give the logits of a method without plans.
+    Its XNNPACK export's plans call each delegate bound to the plan's arrays."""
+    from .et_llm import PORTABLE_FP32, Q8DA4W, export_with_executorch
 
-    pte = export_with_executorch(PORTABLE_FP32)
+    pte = export_with_executorch(PORTABLE_FP32 if flags == "portable" else Q8DA4W)
     program = Program.load(pte)
     planned = program.load_method("forward")
     monkeypatch.setenv("EXECUPY_SHAPE_PLANS", "0")
@@ -97,3 +99,6 @@ def test_executorch_llm_prefill_and_decode_alternately_equal_unplanned(monkeypat
         pos += tokens.shape[1]
     assert sorted(planned.planned_shapes) == [((1, 1), (1,)), ((1, 3), (1,))]
     assert plain.planned_shapes == []
+    delegates = [step.__name__ for plan in planned._shape_plans.values() for step in plan.steps
+                 if "delegate" in step.__name__]
+    assert (flags == "portable") == (delegates == []) and set(delegates) <= {"call_bound_delegate"}

@@ -23,14 +23,12 @@ import numpy as np
 import pytest
 
 from execupy.runtime import Program
-from tests.et_llm import (BOS_ID, EOS_ID, executorch_custom_sdpa, export_with_executorch, reference_greedy,
-                          tokenizer_size, write_tokenizer)
+from tests.et_llm import (BOS_ID, EOS_ID, Q8DA4W, XNNPACK, executorch_custom_sdpa, export_with_executorch,
+                          reference_greedy, tokenizer_size, write_tokenizer)
 from tests.reference import run_reference_steps
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
-XNNPACK = ("backend.xnnpack.enabled=True", "backend.xnnpack.extended_ops=True")
-Q8DA4W = XNNPACK + ("quantization.qmode=8da4w", "quantization.group_size=32")
 PROGRAMS = {
     "xnnpack-fp32": XNNPACK,
     "xnnpack-8da4w-g32": Q8DA4W,

@@ -1,7 +1,9 @@
 """The backend registry: delegate runtimes keyed by the id a program names (`XnnpackBackend`, ...).
 
 A backend is an object with `is_available()`, `init(processed, compile_specs, context)`
-(once per method load) and `execute(handle, args)` (once per call). Backends live above
+(once per method load) and `execute(handle, args)` (once per call), and optionally
+`bind(handle, args)`: a call without arguments for args that stay the same arrays (a shape
+plan's, bound once; None declines). Backends live above
 the runtime (`execupy/backends/<name>/`), so the runtime never imports one by module:
 each registers itself with `register_backend` when imported, and the built-in ones are
 listed here by module name, imported the first time a program asks for a backend.

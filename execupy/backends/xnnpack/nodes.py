@@ -35,6 +35,10 @@ from .schema import NO_VALUE, Node
 
 F32 = np.float32
 Step = Callable[[list], None]
+
+
+def NOTHING(vals: list) -> None:
+    """The step of a node whose work another node's step does (a bound delegate leaves it out)."""
 TRANSPOSE_WEIGHTS = 0x1  # FullyConnected: filter is [in, out]; BatchMatrixMultiply: B is transposed
 ALIGN_CORNERS = 0x8
 TENSORFLOW_LEGACY_MODE = 0x4
@@ -323,7 +327,7 @@ def _convert(node: Node, g) -> Step:
     src, dst = g.values[node.fields["input_id"]], g.values[node.fields["output_id"]]
     out = node.fields["output_id"]
     if out in g.fused_quantize:  # the FullyConnected reading it quantizes its input itself
-        return lambda vals: None
+        return NOTHING
     if dst.datatype == "qdint8":
         load = g.loader(node.fields["input_id"])
 
