@@ -278,6 +278,11 @@ def test_fused_quantized_tiny_llm_agrees_with_unfused(quantize, tmp_path):
     assert fused._op_names.count("fused:quantized_linear") >= 7 and "aten::mm.out" not in fused._op_names
     if quantize == "8da4w":
         assert "fused:fake_quantize_per_token" in fused._op_names
+    from execupy.kernels.fast import quantized as Q
+
+    if Q.NUMBA is not None and quantize != "8da4w":  # (8da4w's k and v read activations quantized apart)
+        decode_steps = [step.__name__ for step in fused._shape_plans[fused._shape_key()].steps]
+        assert decode_steps.count("matvec_pair") == 2  # each layer's k and v projections, on the two cores
     bound = 1e-3 if quantize == "8da4w" else 2e-5  # seen: 5e-7 and 2e-6
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.abs(x - y).max() <= bound * np.abs(y).max(), f"call {k}: max |diff| {np.abs(x - y).max()}"

@@ -69,6 +69,22 @@ def _view(buf: np.ndarray, dtype: np.dtype, sizes: Sequence[int], dim_order: Seq
     return arr.transpose(np.argsort(dim_order))
 
 
+def _paired(steps: list[Step]) -> list[Step]:
+    """Adjacent steps a kernel can run at once on the two cores (the first one's `pair_with`
+    accepts the second: two small mat-vecs of the same row, say) merged: the first step runs the
+    pair, the second does nothing, so every step keeps its pc."""
+    for i in range(len(steps) - 1):
+        pair_with = getattr(steps[i], "pair_with", None)
+        pair = pair_with(steps[i + 1]) if pair_with is not None else None
+        if pair is not None:
+            steps[i], steps[i + 1] = pair, _done_by_the_step_before
+    return steps
+
+
+def _done_by_the_step_before() -> None:
+    """The second step of a pair (see _paired)."""
+
+
 @dataclass
 class ShapePlan:
     """The steps of one method bound for one tuple of input shapes (see the module's docstring)."""
@@ -858,7 +874,7 @@ class Method:
             return
         finally:
             self._frozen = None
-        plans[key] = self._installed = ShapePlan(frozen, steps)
+        plans[key] = self._installed = ShapePlan(frozen, _paired(steps))
 
     def _install(self, plan: ShapePlan) -> None:
         """Put the plan's arrays in the value table (the general steps read them there)."""

@@ -100,6 +100,32 @@ def test_float32_mat_vec_shared_with_the_second_thread_equals_one_thread(n):
 
 
 @needs_numba
+@pytest.mark.parametrize("bits", [4, 8])
+def test_two_mat_vecs_of_one_row_on_the_two_cores_equal_each_alone(bits):
+    """Two weights too small to split that read the same row (an LLM's k and v projections) run
+    at once, the second on the second core's thread, each summed as it is alone: the same bits."""
+    from execupy.kernels.fast.second_thread import SECOND_THREAD
+    from execupy.kernels.fast.second_thread_jit import matvec_pair
+
+    rng = np.random.default_rng(bits)
+    (a, _), (b, _) = packed_grouped(rng, 192, 576, 32, bits, True), packed_grouped(rng, 130, 576, 32, bits, True)
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    first, second = np.empty((1, 192), np.float32), np.empty((1, 130), np.float32)
+    step = Q.NUMBA["bind_matvec"](x, a, first)
+    pair = step.pair_with(Q.NUMBA["bind_matvec"](x.reshape(1, 576), b, second))  # another view of the same row
+    assert pair is not None and pair.__name__ == "matvec_pair"
+    alone = [Q.NUMBA["qlinear"](x, w, threads=1) for w in (a, b)]
+    for _ in range(20):  # the thread is spinning after the first: later calls are shared for real
+        first[:], second[:] = np.nan, np.nan
+        SECOND_THREAD.call(matvec_pair, (x, a.qt, a.scales, a.offsets, b.qt, b.scales, b.offsets, a.group_size,
+                                         a.rows_per_word, first, second), True)
+        assert np.array_equal(first, alone[0]) and np.array_equal(second, alone[1])
+    pair()
+    assert np.array_equal(first, alone[0]) and np.array_equal(second, alone[1])
+    assert step.pair_with(Q.NUMBA["bind_matvec"](x.copy(), b, second)) is None  # another row: no pair
+
+
+@needs_numba
 @pytest.mark.parametrize("heads, kv_heads, kv_len", [(9, 3, 151), (9, 3, 601), (4, 1, 7), (1, 1, 3), (5, 5, 40)])
 def test_decode_attention_shared_with_the_second_thread_equals_one_thread(heads, kv_heads, kv_len):
     """A decode step's attention gives its last query heads (half, the odd one kept) to the
@@ -134,6 +160,11 @@ for share in (False, True):  # a float32 decode mat-vec, alone and shared
 from execupy.kernels.fast import attention_jit as A, second_thread_jit as S
 cache = np.ones((8, 1, 16), np.float32)
 A.decode_attention(np.ones((3, 16), np.float32), cache, cache, 5, np.float32(0.5), 512, np.empty((3, 16), np.float32))
+for share in (False, True):  # two small mat-vecs of one row, alone and at once
+    w = Q.pack(rng.integers(0, 15, (64, 1024)).astype(np.int8), np.ones((64, 32), np.float32), None, 32)
+    SECOND_THREAD.call(S.matvec_pair, (np.ones((1, 1024), np.float32), w.qt, w.scales, w.offsets, w.qt, w.scales,
+                                       w.offsets, 32, 8, np.empty((1, 64), np.float32), np.empty((1, 64), np.float32)),
+                       share)
 for share in (False, True):  # a decode attention, alone and shared
     SECOND_THREAD.call(S.attention_halves, (np.ones((3, 16), np.float32), cache, cache, 5, np.float32(0.5), 512,
                                             np.empty((3, 16), np.float32)), share)

@@ -215,6 +215,12 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 SHARE_MIN_BYTES = cores.SHARE_MIN_BYTES
 
 
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """a and b are the same elements of the same memory (two view objects, say)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
+            and a.strides == b.strides and a.dtype == b.dtype)
+
+
 def _compile() -> Optional[dict[str, Callable]]:
     try:
         from . import quantized_jit as K
@@ -245,7 +251,26 @@ def _compile() -> Optional[dict[str, Callable]]:
         def matvec() -> None:
             run(kernel, args, site)
 
+        if site is None:  # too small to split: it may run beside another such product of the same x
+            matvec.pair_with = lambda other: _bind_pair(x, w, out, getattr(other, "matvec_of", None))
+            matvec.matvec_of = (x, w, out)
         return matvec
+
+    def _bind_pair(x, w: PackedWeight, out, other) -> Optional[Callable[[], None]]:
+        """One step for this mat-vec and `other` (x, w2, out2) on the same x, the second on the
+        second core (second_thread_jit.matvec_pair): an LLM's k and v projections."""
+        if other is None or not _same_view(other[0], x) or np.may_share_memory(out, other[2]):
+            return None
+        _, w2, out2 = other
+        if (w2.group_size, w2.rows_per_word) != (w.group_size, w.rows_per_word):
+            return None
+        args = (x, w.qt, w.scales, w.offsets, w2.qt, w2.scales, w2.offsets, w.group_size, w.rows_per_word, out, out2)
+        run, kernel, site = SECOND_THREAD.run, ST.matvec_pair, cores.CallSite()
+
+        def matvec_pair() -> None:
+            run(kernel, args, site)
+
+        return matvec_pair
 
     def qlinear_columns(x, w: PackedWeight, j0: int, j1: int, out) -> None:
         """out[:, j0:j1] of a prompt's rows: dequantize a slice of columns, multiply it with

@@ -100,12 +100,13 @@ STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
 JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n.
 # BLOCKWISE: words; -, -; k, n, -, block. ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
 # ATTENTION_BLOCK; the query in xbuf[:H * D], its scale after it)
-KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w) or ATTENTION
+# WHOLE: a GROUPED weight's whole mat-vec (the second of a pair reading the same x), fields as GROUPED.
+KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w), ATTENTION, WHOLE
 ATTENTION_BLOCK = KIND + 1
 CTRL_SLOTS = 48
 ASLEEP, SPINNING, QUIT = 0, 1, 2
 PENDING, DONE, TAKEN_BACK = 0, 1, 2
-GROUPED, DENSE, BLOCKWISE, ATTENTION = 0, 1, 2, 3
+GROUPED, DENSE, BLOCKWISE, ATTENTION, WHOLE = 0, 1, 2, 3, 4
 HERE, THERE, TAKEN = 0, 1, 2  # where a job's second half ran: see second_half_where
 # A caller waits for the second thread's half at most this many cycles, or three times its own
 # half, whichever is longer, then takes the half back and runs it itself: a second thread that
@@ -163,6 +164,17 @@ def _attention_middle(heads):
     return (heads + 1) // 2
 
 
+@numba.njit(cache=True, inline="always")
+def _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, half, part):
+    # _half on a GROUPED weight given by its address
+    if rows_per_word == 8:
+        _half(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), scales, offsets, group_size, 8, half, part)
+    elif rows_per_word == 4:
+        _half(x, numba.carray(_pointer(address), (k // 4, n), np.int32), scales, offsets, group_size, 4, half, part)
+    else:
+        _half(x, numba.carray(_pointer(address), (k, n), np.int8), scales, offsets, group_size, 1, half, part)
+
+
 @numba.njit(cache=True)
 def _run_second_half(ctrl, seq, xbuf, scratch):
     """The second thread's part of job `seq`: claim the second half, run it into `scratch`, say so.
@@ -192,12 +204,12 @@ def _run_second_half(ctrl, seq, xbuf, scratch):
         middle = blocks // 2
         block_sums(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), group_size, middle, blocks,
                    scratch[:(blocks - middle) * n].reshape((blocks - middle, n)))
-    elif rows_per_word == 8:
-        _half(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), scales, offsets, group_size, 8, 1, scratch[:n])
-    elif rows_per_word == 4:
-        _half(x, numba.carray(_pointer(address), (k // 4, n), np.int32), scales, offsets, group_size, 4, 1, scratch[:n])
+    elif kind == WHOLE:  # both halves, summed as a one-thread call sums them
+        _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, 0, scratch[:n])
+        _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, 1, scratch[n:2 * n])
+        _sum_into(scratch[:n], scratch[:n], scratch[n:2 * n])
     else:
-        _half(x, numba.carray(_pointer(address), (k, n), np.int8), scales, offsets, group_size, 1, 1, scratch[:n])
+        _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, 1, scratch[:n])
     compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)  # fails if the caller took it back
 
 
@@ -284,6 +296,41 @@ def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_
     return taken_back
 
 
+@numba.njit(cache=True, inline="always")
+def _whole_matvec(x, qt, scales, offsets, group_size, rows_per_word, out):
+    # out = x @ w.T for one row, as matvec_halves computes it alone: both halves, then their sum
+    n = out.shape[0]
+    first, second = np.empty(n, np.float32), np.empty(n, np.float32)
+    _half(x, qt, scales, offsets, group_size, rows_per_word, 0, first)
+    _half(x, qt, scales, offsets, group_size, rows_per_word, 1, second)
+    _sum_into(out, first, second)
+
+
+@numba.njit(cache=True, nogil=True)
+def matvec_pair(ctrl, xbuf, scratch, x, qt, scales, offsets, qt2, scales2, offsets2, group_size, rows_per_word,
+                out, out2, share):
+    """out = x @ w.T here and out2 = x @ w2.T on the second thread when `share`: two weights too
+    small to split (an LLM's k and v projections) read the same row x [1, K] at once. Each is
+    computed as matvec_halves computes it alone, so one thread and two give the same bits.
+    Returns 1 when the second weight's product was taken back."""
+    k, n2 = x.shape[1], out2.shape[1]
+    share = share and k <= xbuf.shape[0] and 2 * n2 <= scratch.shape[0]
+    where, seq, start = HERE, 0, 0
+    if share:
+        ctrl[JOB + 1], ctrl[JOB + 2] = scales2.ctypes.data, offsets2.ctypes.data
+        ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales2.shape[0], group_size, rows_per_word
+        seq = post_job(ctrl, xbuf, x[0], WHOLE, qt2.ctypes.data, k, n2)
+        start = cycles()
+    _whole_matvec(x[0], qt, scales, offsets, group_size, rows_per_word, out[0])
+    if share:
+        where = second_half_where(ctrl, seq, start)
+    if where == THERE:
+        out2[0, :] = scratch[:n2]
+    else:
+        _whole_matvec(x[0], qt2, scales2, offsets2, group_size, rows_per_word, out2[0])
+    return 1 if where == TAKEN else 0
+
+
 @numba.njit(cache=True, nogil=True)
 def dense_matvec_halves(ctrl, xbuf, scratch, x, w, out, share):
     """out = w @ x for a float32 weight w [n, k] (C order) and x [k]: the first half of w's rows
@@ -337,4 +384,5 @@ def attention_halves(ctrl, xbuf, scratch, q, k, v, kv_len, scale, block, out, sh
 
 
 KERNELS = {"second_thread_loop": second_thread_loop, "matvec_halves": matvec_halves,
-           "dense_matvec_halves": dense_matvec_halves, "attention_halves": attention_halves}
+           "dense_matvec_halves": dense_matvec_halves, "attention_halves": attention_halves,
+           "matvec_pair": matvec_pair}
