@@ -252,6 +252,34 @@ def test_packing_warms_the_compiled_kernels_up_at_load():
     assert before == {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
 
 
+WARM_PROBE = """
+import json, numpy as np
+from execupy.kernels.fast import quantized as Q
+Q.pack(np.full((8, 32), 3, np.int8), np.ones((8, 1), np.float32), None, 32)  # one 4-bit weight, as at load
+from execupy.kernels.fast import decode_jit as D, second_thread_jit as S
+print(json.dumps({"pair layouts": sorted(str(sig[4].dtype) for sig in S.matvec_pair.signatures),
+                  "attention": len(S.attention_halves.signatures), "norm": len(D.add_rms_norm_row.signatures),
+                  "rope": len(D.rope_swapped_rows.signatures)}))
+"""
+
+
+@needs_numba
+def test_loading_a_4bit_weight_warms_the_decode_steps_up_for_its_layout_only():
+    """A program's first decode step does not read machine code from numba's cache (tens of ms
+    inside the first generated tokens): packing at load ran the decode steps' kernels and the
+    paired mat-vec of the layouts packed, and of no other layout."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    got = json.loads(subprocess.run([sys.executable, "-c", WARM_PROBE], env=env, capture_output=True, text=True,
+                                    check=True, timeout=600).stdout)
+    assert got == {"pair layouts": ["uint32"], "attention": 1, "norm": 1, "rope": 1}
+
+
 def test_two_threads_slower_than_one_turn_threads_off_for_a_while():
     cores = SecondCore()
     rng = np.random.default_rng(9)

@@ -48,4 +48,7 @@ def _load() -> Optional[MatVec]:
     # numba's first call in a process sets up its typing and reads the kernel from its disk
     # cache (~0.2 s): done here, at bind, not inside the first prompt
     SECOND_THREAD.dense_matvec(np.ones(16, np.float32), np.ones((4, 16), np.float32), np.empty(4, np.float32), False)
+    from . import decode_jit  # an LLM's other decode steps, likewise
+
+    decode_jit.warm_up()
     return matvec

@@ -99,8 +99,13 @@ class PackedWeight:
 def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
          mins: Optional[np.ndarray] = None) -> PackedWeight:
     """The weight q [N, K] (w = (q - zeros) * scales (+ mins) per group) laid out for `qlinear`;
-    the first call in a process also warms the compiled kernels up (`warm_up`)."""
+    the first call in a process also warms the compiled kernels up (`warm_up`, `_warm_pair`)."""
     warm_up()
+    return _warm_pair(_pack(q, scales, zeros, group_size, mins))
+
+
+def _pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
+          mins: Optional[np.ndarray] = None) -> PackedWeight:
     n = q.shape[0]
     q = q.reshape(n, -1)
     k = q.shape[1]
@@ -156,20 +161,39 @@ def warm_up() -> None:
     its worker threads now, not inside the first forward call (0.1 s the first time in a process)."""
     if NUMBA is None or _warm["done"]:
         return
-    _warm["done"] = True  # before the pack calls below, which call back here
+    _warm["done"] = True
     for values in ((-128, 127), (0, 15)):  # int8 words, 4-bit words
         q = np.full((64, 32), values[1], np.int8)
-        w = pack(q, np.ones((64, 1), np.float32), None, 32)
+        w = _pack(q, np.ones((64, 1), np.float32), None, 32)
         for m in (1, BLAS_MIN_ROWS):
             NUMBA["qlinear"](np.ones((m, 32), np.float32), w)
         NUMBA["qlinear"](np.ones((1, 32), np.float32), w, threads=2)
     NUMBA["fake_quantize_per_token"](np.ones((1, 32), np.float32))
-    # A quantized program's decode attention is compiled too (kernels/llm/kv_cache.py)
-    from .attention_jit import decode_attention
+    # A quantized program's other decode steps are compiled too (fusion.py, kernels/llm/kv_cache.py)
+    from . import decode_jit
 
-    cache = np.ones((4, 1, 16), np.float32)
-    decode_attention(np.ones((2, 16), np.float32), cache, cache, 3, np.float32(0.25), 512,
-                     np.empty((2, 16), np.float32))
+    decode_jit.warm_up()
+
+
+_warm_layouts: set[int] = set()
+
+
+def _warm_pair(w: PackedWeight) -> PackedWeight:
+    """The first weight of each layout a program packs runs the paired mat-vec (a layer's k and v,
+    second_thread_jit.matvec_pair) once on a few of its columns, as `warm_up` does the other
+    kernels: that layout's machine code read from numba's cache now (13-14 ms), not in the
+    first generated token, and no layout the program lacks."""
+    if NUMBA is None or w.rows_per_word in _warm_layouts:
+        return w
+    _warm_layouts.add(w.rows_per_word)
+    few = min(8, w.shape[0])
+    part = PackedWeight(np.ascontiguousarray(w.qt[:, :few]), np.ascontiguousarray(w.scales[:, :few]),
+                        np.ascontiguousarray(w.offsets[:, :few]), w.group_size, w.k, w.rows_per_word)
+    x, outs = np.zeros((1, w.k), np.float32), np.empty((2, 1, few), np.float32)
+    pair = NUMBA["bind_matvec"](x, part, outs[0]).pair_with(NUMBA["bind_matvec"](x, part, outs[1]))
+    if pair is not None:
+        pair()
+    return w
 
 
 def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
