@@ -25,6 +25,7 @@ import numpy as np
 from execupy.errors import InvalidInputError
 from execupy.llm.sampler import Sampler, SamplerConfig
 from execupy.runtime import Module, TensorInfo, collector
+from execupy.runtime.heap import trim_heap
 
 if TYPE_CHECKING:
     from execupy.llm.tokenizer import StreamDecoder
@@ -204,17 +205,6 @@ def return_freed_heap() -> None:
     trim_heap()
 
 
-def trim_heap() -> None:
-    """Ask glibc to unmap the free pages inside its heap (a tenth of a millisecond). Once the
-    loader's garbage is trimmed, the heap is mostly holes; a prefill's temporaries (every
-    prompt row's attention scores) land in them and, freed, stay resident through the decode
-    (SmolLM2 fp32: 3 MiB of the peak) unless trimmed again."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to ask
-        pass
 
 
 class LLMRunner:

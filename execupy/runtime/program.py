@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import MalformedProgramError, MethodNotFoundError
 from ..schema import program as P
 from ..schema.reader import PteFile, read_pte
-from . import collector
+from . import collector, heap
 
 if TYPE_CHECKING:
     from .method import Method
@@ -97,6 +97,7 @@ class Program:
     def load(cls, source: Union[str, os.PathLike, bytes, bytearray, memoryview], **kwargs) -> "Program":
         """Load from a path (memory-mapped, zero-copy) or from bytes."""
         started = time.perf_counter()
+        heap.keep_freed_memory()  # a call's temporaries reuse what the last one freed (runtime/heap.py)
         with collector.paused():
             if isinstance(source, (bytes, bytearray, memoryview)):
                 program = cls(read_pte(source), **kwargs)
