@@ -218,13 +218,13 @@ class LLMRunner:
         self.module = Module(str(pte_path))
         self.meta = read_metadata(self.module)
         m = self.meta
+        self.forward = self.module.program.load_method("forward", event_tracer=event_tracer)
+        # The weights' pages mapped in on the other core while the tokenizer loads on this one.
+        self.module.program.populate_in_background()
         with collector.paused():  # a tokenizer.json is 100,000s of small objects (runtime/collector.py)
             self.tokenizer = load_tokenizer(tokenizer_path or find_tokenizer(pte_path), bos_id=m.bos_id,
                                             eos_ids=m.eos_ids, add_bos=m.add_bos, chat_template=m.chat_template)
         return_freed_heap()
-        # Bound after the tokenizer: the method's thousands of small objects fill the holes the
-        # tokenizer's garbage left in the heap, rather than holes the prefill would fault in.
-        self.forward = self.module.program.load_method("forward", event_tracer=event_tracer)
         self.load_s = time.perf_counter() - t0
         self.pos = 0  # tokens held by the KV cache
         self.history: list[int] = []  # those tokens, for the repetition penalty

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,7 @@ class Program:
         self.program = pte.program
         self.max_arena_bytes = max_arena_bytes
         self._keepalive = _keepalive  # the mmap and file that constants point into
+        self._released: list[tuple[int, int]] = []  # byte ranges of the mapping release_pages dropped
         self._plans = {plan.name: plan for plan in self.program.execution_plan}
         self._constant_cache: dict[int, memoryview] = {}
         self.load_s = 0.0  # mapping and reading the file (Program.load), for benchmarks
@@ -127,6 +129,21 @@ class Program:
         lo, hi = -(-start // page) * page, (start + constant.nbytes) // page * page  # whole pages inside
         if hi > lo:
             mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            self._released.append((lo, hi))
+
+    def populate_in_background(self) -> Optional[threading.Thread]:
+        """Map the file's pages in on another thread (runtime/heap.py; returned, or None), but those
+        `release_pages` dropped: once a program's methods are bound, so that its first call reads
+        the weights without faulting them in. Nothing for a program loaded from bytes."""
+        mm = self._keepalive
+        if not isinstance(mm, mmap.mmap):
+            return None
+        ranges, at = [], 0
+        for lo, hi in sorted(self._released) + [(len(mm), len(mm))]:
+            if lo > at:
+                ranges.append((at, lo))
+            at = max(at, hi)
+        return heap.populate_in_background(np.frombuffer(mm, np.uint8).ctypes.data, ranges, mm)
 
     # ------------------------------------------------------------------ queries
 
