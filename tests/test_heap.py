@@ -44,6 +44,7 @@ POPULATE_PROBE = """
 import json, resource, sys, numpy as np
 from execupy.runtime import Program
 program = Program.load(sys.argv[1])
+program.load_method("forward")  # its matrix product reads the weight whole: that is what gets mapped in
 thread = program.populate_in_background() if sys.argv[2] == "populate" else None
 if thread is not None:
     thread.join()
@@ -56,8 +57,8 @@ print(json.dumps([thread is not None, resource.getrusage(resource.RUSAGE_SELF).r
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_POPULATE_READ)")
 def test_a_populated_program_reads_its_file_without_page_faults(tmp_path):
-    """The LLM runner maps a program's pages in on another thread while its tokenizer loads, so
-    the first prompt reads the weights without a page fault per page (or per 64 KB read ahead)."""
+    """The LLM runner maps the pages of the weights its steps read whole in on another thread
+    while its tokenizer loads, so the first prompt reads them without page faults."""
     pte = tmp_path / "weights.pte"
     pte.write_bytes(_linear_program(4096, 8192))  # 128 MiB of weights
     root = Path(__file__).resolve().parents[1]
@@ -74,10 +75,44 @@ def test_a_populated_program_reads_its_file_without_page_faults(tmp_path):
 
 
 def _linear_program(n: int, k: int) -> bytes:
+    """x @ w for a weight w [k, n] stored as the product reads it (as export-llm's linears are)."""
     torch = pytest.importorskip("torch")
     from torch.export import export
 
     from execupy.exir import to_edge
 
-    linear = torch.nn.Linear(k, n, bias=False)
-    return to_edge(export(linear, (torch.randn(1, k),))).to_executorch().buffer
+    class Product(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(k, n))
+
+        def forward(self, x):
+            return x @ self.w
+
+    return to_edge(export(Product(), (torch.randn(1, k),))).to_executorch().buffer
+
+
+def test_only_constants_read_whole_are_mapped_in_ahead(tmp_path):
+    """An embedding table is read a few rows at a time: mapping all of it in would only grow
+    the resident set. A matrix product's weight is read whole at each call."""
+    torch = pytest.importorskip("torch")
+    from torch.export import export
+
+    from execupy.exir import to_edge
+    from execupy.runtime import Program
+
+    class Lookup(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(4096, 256)
+            self.proj = torch.nn.Parameter(torch.randn(256, 512))
+
+        def forward(self, ids):
+            return self.table(ids) @ self.proj
+
+    pte = tmp_path / "lookup.pte"
+    pte.write_bytes(to_edge(export(Lookup(), (torch.tensor([[1, 2, 3]]),))).to_executorch().buffer)
+    program = Program.load(pte)
+    program.load_method("forward")
+    read_whole = sum(hi - lo for lo, hi in program._read_in_full)
+    assert 512 * 256 * 4 <= read_whole < 4096 * 256 * 4  # the projection's weight, not the table

@@ -113,6 +113,12 @@ _BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
 }
 
 
+# Ops that read a few rows of a table (an embedding's): Program.populate_in_background leaves the
+# table's pages to be read as looked up.
+_ROW_LOOKUPS = ("aten::embedding.", "aten::index_select.", "aten::index.", "aten::gather.",
+                "quantized_decomposed::embedding_")
+
+
 def _threads_by_rows(fn: Callable, rows: Callable[..., int]) -> Callable:
     """`fn` run with the BLAS threads its rows and the other core allow (blas_threads.py)."""
     site, on_threads = CallSite(), blas_threads.product
@@ -686,6 +692,10 @@ class Method:
         else:
             parts = [self._arg(a) for a in ins.args[:-1]]
             store = self._store_fn(ins.args[-1])
+        if not key.startswith(_ROW_LOOKUPS):  # its constants are read whole at each call: worth mapping in ahead
+            for static, p in parts:
+                if static and isinstance(p, np.ndarray):
+                    self.program.note_full_read(p)
         bind = getattr(kernel, "bind", None)  # a kernel's own step for arguments fixed at bind (kv_cache.py)
         fixed_out = self._out_array(ins.args[-1]) if bind is not None else None
         direct = bind(parts, fixed_out) if fixed_out is not None else None

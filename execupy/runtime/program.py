@@ -91,6 +91,8 @@ class Program:
         self.max_arena_bytes = max_arena_bytes
         self._keepalive = _keepalive  # the mmap and file that constants point into
         self._released: list[tuple[int, int]] = []  # byte ranges of the mapping release_pages dropped
+        self._read_in_full: list[tuple[int, int]] = []  # byte ranges of constants steps read whole
+        self._base: Optional[int] = None  # the mapping's address
         self._plans = {plan.name: plan for plan in self.program.execution_plan}
         self._constant_cache: dict[int, memoryview] = {}
         self.load_s = 0.0  # mapping and reading the file (Program.load), for benchmarks
@@ -122,28 +124,51 @@ class Program:
         mm = self._keepalive
         if not isinstance(mm, mmap.mmap) or not hasattr(mm, "madvise") or constant.nbytes == 0:
             return
-        start = constant.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
-        if start < 0 or start + constant.nbytes > len(mm):
+        span = self._span(constant)
+        if span is None:
             return  # not in this program's mapping
         page = mmap.PAGESIZE
-        lo, hi = -(-start // page) * page, (start + constant.nbytes) // page * page  # whole pages inside
+        lo, hi = -(-span[0] // page) * page, span[1] // page * page  # whole pages inside
         if hi > lo:
             mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
             self._released.append((lo, hi))
 
+    def _span(self, array: np.ndarray) -> Optional[tuple[int, int]]:
+        """The byte range [start, end) of `array` in this program's mapping, or None."""
+        mm = self._keepalive
+        if not isinstance(mm, mmap.mmap) or not isinstance(array, np.ndarray) or array.nbytes == 0:
+            return None
+        if self._base is None:
+            self._base = np.frombuffer(mm, np.uint8).ctypes.data
+        start = array.ctypes.data - self._base
+        return (start, start + array.nbytes) if 0 <= start and start + array.nbytes <= len(mm) else None
+
+    def note_full_read(self, constant: np.ndarray) -> None:
+        """A bound step reads all of `constant` at each call (a matrix product's weight, not an
+        embedding table's few rows): its pages are worth mapping in ahead (populate_in_background)."""
+        span = self._span(constant)
+        if span is not None:
+            self._read_in_full.append(span)
+
     def populate_in_background(self) -> Optional[threading.Thread]:
-        """Map the file's pages in on another thread (runtime/heap.py; returned, or None), but those
-        `release_pages` dropped: once a program's methods are bound, so that its first call reads
-        the weights without faulting them in. Nothing for a program loaded from bytes."""
+        """Map in, on another thread (runtime/heap.py; returned, or None), the pages of the constants
+        bound steps read in full (note_full_read) but those `release_pages` dropped: once a
+        program's methods are bound, so that its first call reads its weights without faulting them
+        in, and an embedding table only read row by row stays out of memory."""
         mm = self._keepalive
         if not isinstance(mm, mmap.mmap):
             return None
-        ranges, at = [], 0
-        for lo, hi in sorted(self._released) + [(len(mm), len(mm))]:
-            if lo > at:
-                ranges.append((at, lo))
-            at = max(at, hi)
-        return heap.populate_in_background(np.frombuffer(mm, np.uint8).ctypes.data, ranges, mm)
+        page, released = mmap.PAGESIZE, sorted(self._released)
+        ranges = []
+        for lo, hi in _merged((lo // page * page, -(-hi // page) * page) for lo, hi in self._read_in_full):
+            for r_lo, r_hi in released:  # cut the released ranges out
+                if r_lo < hi and lo < r_hi:
+                    if lo < r_lo:
+                        ranges.append((lo, r_lo))
+                    lo = max(lo, r_hi)
+            if lo < hi:
+                ranges.append((lo, min(hi, len(mm))))
+        return heap.populate_in_background(self._base or 0, ranges, mm)
 
     # ------------------------------------------------------------------ queries
 
@@ -242,3 +267,14 @@ class Program:
             if entry.key == key:
                 return self.pte.segment(entry.segment_index)
         raise MalformedProgramError(f"named data {key!r} not found in program")
+
+
+def _merged(ranges) -> list[tuple[int, int]]:
+    """Sorted, overlapping or touching [lo, hi) ranges joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
