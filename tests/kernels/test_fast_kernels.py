@@ -252,6 +252,23 @@ def test_packing_warms_the_compiled_kernels_up_at_load():
     assert before == {name: len(kernel.signatures) for name, kernel in K.KERNELS.items()}
 
 
+@needs_numba
+@pytest.mark.parametrize("values, group", [((-8, 8), 32), ((0, 16), 32), ((-128, 128), 32), ((-128, 128), 576),
+                                           ((-100, 100), 6)])  # int4, uint4, int8 words (grouped, per row), bytes
+def test_compiled_packing_lays_out_the_numpy_words(monkeypatch, values, group):
+    """At load, numba packs a weight's rows into words in one pass (quantized_jit.pack_rows):
+    the very words, scales and offsets numpy's dozen passes make."""
+    rng = np.random.default_rng(group)
+    q = rng.integers(*values, (96, 576)).astype(np.int8)
+    s = rng.random((96, 576 // group)).astype(np.float32)
+    compiled = Q._pack(q, s, None, group)
+    monkeypatch.setattr(Q, "NUMBA", None)
+    plain = Q._pack(q, s, None, group)
+    assert compiled.rows_per_word == plain.rows_per_word and compiled.qt.dtype == plain.qt.dtype
+    for a, b in ((compiled.qt, plain.qt), (compiled.scales, plain.scales), (compiled.offsets, plain.offsets)):
+        assert np.array_equal(a, b)
+
+
 WARM_PROBE = """
 import json, numpy as np
 from execupy.kernels.fast import quantized as Q

@@ -115,7 +115,7 @@ def _pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_
     shift = 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None  # int4 or uint4 values
     if shift is None or group_size % 8:
         return _pack_bytes(q, s, offsets, group_size)
-    packed = nibble_words((q.T + np.int8(shift)).view(np.uint8))
+    packed = _words(q, shift, 4) if NUMBA is not None else nibble_words((q.T + np.int8(shift)).view(np.uint8))
     return PackedWeight(packed, np.ascontiguousarray(s.T),
                         np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, 8)
 
@@ -141,15 +141,26 @@ def unpack_nibbles(words: np.ndarray) -> np.ndarray:
 def _pack_bytes(q: np.ndarray, s: np.ndarray, offsets: np.ndarray, group_size: int) -> PackedWeight:
     """8-bit q [N, K]: four rows to an int32 word (row 4i + r in byte r) where groups allow it."""
     n, k = q.shape
-    qt = np.ascontiguousarray(q.T)
-    if group_size % 4 == 0:
-        u = qt.view(np.uint8)
+    if group_size % 4 == 0 and NUMBA is not None:
+        qt = _words(q, 0, 8).view(np.int32)
+    elif group_size % 4 == 0:
+        u = np.ascontiguousarray(q.T).view(np.uint8)
         words = np.zeros((k // 4, n), np.uint32)
         for r in range(4):
             words |= u[r::4].astype(np.uint32) << np.uint32(8 * r)
         qt = words.view(np.int32)
+    else:
+        qt = np.ascontiguousarray(q.T)
     return PackedWeight(qt, np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T), group_size, k,
                         4 if group_size % 4 == 0 else 1)
+
+
+def _words(q: np.ndarray, shift: int, bits: int) -> np.ndarray:
+    """The compiled form of nibble_words (bits 4) and of _pack_bytes' words (bits 8): the same words."""
+    n, k = q.shape
+    words = np.empty((k * bits // 32, n), np.uint32)
+    NUMBA["pack_rows"](np.ascontiguousarray(q, np.int8), np.int32(shift), bits, words)
+    return words
 
 
 _warm = {"done": False}
@@ -324,6 +335,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         return fake_quantize
 
     return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear, "qlinear_columns": qlinear_columns,
+            "pack_rows": K.pack_rows,
             "bind_matvec": bind_matvec, "bind_fake_quantize_per_token": bind_fake_quantize_per_token}
 
 

@@ -246,5 +246,21 @@ def fake_quantize_per_token(x, out):
 
 
 # Every compiled kernel by name (the cache test runs each and reads its dispatcher's stats).
+@numba.njit(cache=True)
+def pack_rows(q, shift, bits, words):
+    """words [K / per, N] (per = 32 // bits) of q int8 [N, K]: input row per * i + r of the weight
+    (q[:, per * i + r] + shift, its low `bits` bits) at bits bits * r of word [i, n], in one pass;
+    the numpy forms (quantized.nibble_words, _pack_bytes) take a dozen passes over the weight."""
+    per = 32 // bits
+    mask = np.int32((1 << bits) - 1)
+    for b in range(words.shape[0]):
+        for j in range(q.shape[0]):
+            row = q[j]
+            w = np.uint32(0)
+            for r in range(per):
+                w |= np.uint32((np.int32(row[per * b + r]) + shift) & mask) << np.uint32(bits * r)
+            words[b, j] = w
+
+
 KERNELS = {"dequantize_columns": dequantize_columns,
-           "fake_quantize_per_token": fake_quantize_per_token}
+           "fake_quantize_per_token": fake_quantize_per_token, "pack_rows": pack_rows}
