@@ -692,8 +692,8 @@ class Method:
         else:
             parts = [self._arg(a) for a in ins.args[:-1]]
             store = self._store_fn(ins.args[-1])
-        if not key.startswith(_ROW_LOOKUPS):  # its constants are read whole at each call: worth mapping in ahead
-            for static, p in parts:
+        if self._frozen is None and not key.startswith(_ROW_LOOKUPS):  # (a shape plan's constants were noted at load)
+            for static, p in parts:  # constants read whole at each call: worth mapping in ahead
                 if static and isinstance(p, np.ndarray):
                     self.program.note_full_read(p)
         bind = getattr(kernel, "bind", None)  # a kernel's own step for arguments fixed at bind (kv_cache.py)
