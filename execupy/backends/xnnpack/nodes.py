@@ -35,15 +35,15 @@ from .schema import NO_VALUE, Node
 
 F32 = np.float32
 Step = Callable[[list], None]
-
-
-def NOTHING(vals: list) -> None:
-    """The step of a node whose work another node's step does (a bound delegate leaves it out)."""
 TRANSPOSE_WEIGHTS = 0x1  # FullyConnected: filter is [in, out]; BatchMatrixMultiply: B is transposed
 ALIGN_CORNERS = 0x8
 TENSORFLOW_LEGACY_MODE = 0x4
 # Static sizes a node may produce; a hostile graph must not make us allocate without bound.
 MAX_STATIC_ELEMENTS = 1 << 28
+
+
+def NOTHING(vals: list) -> None:
+    """The step of a node whose work another node's step does (a bound delegate leaves it out)."""
 
 
 def _present(g, value_id: int) -> bool:

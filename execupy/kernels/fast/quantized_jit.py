@@ -245,7 +245,6 @@ def fake_quantize_per_token(x, out):
             out[r, c] = np.float32((v - z64) * s64)
 
 
-# Every compiled kernel by name (the cache test runs each and reads its dispatcher's stats).
 @numba.njit(cache=True)
 def pack_rows(q, shift, bits, words):
     """words [K / per, N] (per = 32 // bits) of q int8 [N, K]: input row per * i + r of the weight
@@ -262,5 +261,6 @@ def pack_rows(q, shift, bits, words):
             words[b, j] = w
 
 
+# Every compiled kernel by name (the cache test runs each and reads its dispatcher's stats).
 KERNELS = {"dequantize_columns": dequantize_columns,
            "fake_quantize_per_token": fake_quantize_per_token, "pack_rows": pack_rows}
