@@ -136,8 +136,10 @@ def test_decode_attention_shared_with_the_second_thread_equals_one_thread(heads,
     rng = np.random.default_rng(heads + kv_len)
     q = rng.standard_normal((heads, 64), dtype=np.float32)
     k, v = (2 * rng.standard_normal((700, kv_heads, 64), dtype=np.float32) for _ in range(2))
-    alone, shared = np.empty_like(q), np.empty_like(q)
-    A.decode_attention(q, k, v, kv_len, np.float32(0.125), 512, alone)
+    alone, shared, inlined = np.empty_like(q), np.empty_like(q), np.empty_like(q)
+    assert not SECOND_THREAD.call(S.attention_halves, (q, k, v, kv_len, np.float32(0.125), 512, alone), False)
+    A.decode_attention(q, k, v, kv_len, np.float32(0.125), 512, inlined)  # its own compiled copy
+    assert_within_float32_rounding(inlined.reshape(1, -1), alone.reshape(1, -1))
     for _ in range(20):  # the thread is spinning after the first: later calls are shared for real
         shared[:] = np.nan
         assert SECOND_THREAD.call(S.attention_halves, (q, k, v, kv_len, np.float32(0.125), 512, shared), True)

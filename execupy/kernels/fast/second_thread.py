@@ -38,7 +38,7 @@ CORES = numba.config.NUMBA_NUM_THREADS  # NUMBA_NUM_THREADS=1: nothing is shared
 
 class SecondThread:
     def __init__(self) -> None:
-        self.ctrl = np.zeros(K.CTRL_SLOTS, np.int64)
+        self.ctrl = K.control_block()
         self.xbuf, self.scratch = np.zeros(MAX_SHARED, np.float32), np.zeros(MAX_SHARED, np.float32)
         self.taken_back = 0  # halves the caller took back from a second thread too slow to finish them
         self.calls = threading.Lock()  # one caller posts at a time; another does its calls alone
@@ -118,7 +118,7 @@ class SecondThread:
 
     def _forked(self) -> None:
         # A forked child has no such thread: start afresh (jobs would be done by the caller alone anyway).
-        self.ctrl[:] = 0
+        self.ctrl[:] = K.control_block()
         self.calls, self.wake, self.thread = threading.Lock(), threading.Event(), None
 
 

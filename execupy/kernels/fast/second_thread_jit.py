@@ -75,6 +75,18 @@ def _pointer(typingctx, address):
 
 
 @intrinsic
+def call_at(typingctx, address, args):
+    """Call the C function at `address` (a numba cfunc's) with the tuple `args` (int64, float32):
+    one compiled copy, which LLVM cannot inline into the caller and optimize again there."""
+    def codegen(context, builder, sig, llargs):
+        arg_types = [context.get_value_type(t) for t in sig.args[1]]
+        fn = builder.inttoptr(llargs[0], ir.FunctionType(ir.VoidType(), arg_types).as_pointer())
+        builder.call(fn, [builder.extract_value(llargs[1], i) for i in range(len(arg_types))])
+        return context.get_dummy_value()
+    return types.void(address, args), codegen
+
+
+@intrinsic
 def cycles(typingctx):
     """The CPU's cycle counter (rdtsc on x86): a clock without a system call. Fenced: LLVM may
     otherwise move the read across the work it is meant to time (it did: a caller timed its own
@@ -103,6 +115,8 @@ JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size,
 # WHOLE: a GROUPED weight's whole mat-vec (the second of a pair reading the same x), fields as GROUPED.
 KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w), ATTENTION, WHOLE
 ATTENTION_BLOCK = KIND + 1
+# Written once (control_block): the addresses of the three halves' compiled copies (see "one copy").
+GROUPED_HALF_AT, DENSE_ROWS_AT, ATTENTION_HEADS_AT = KIND + 2, KIND + 3, KIND + 4
 CTRL_SLOTS = 48
 ASLEEP, SPINNING, QUIT = 0, 1, 2
 PENDING, DONE, TAKEN_BACK = 0, 1, 2
@@ -164,15 +178,78 @@ def _attention_middle(heads):
     return (heads + 1) // 2
 
 
-@numba.njit(cache=True, inline="always")
-def _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, half, part):
-    # _half on a GROUPED weight given by its address
+# ---------------------------------------------------------------------------- one copy of each half
+# A job's half must give the same bits whichever thread runs it. A numba function called from two
+# jitted callers is linked into both and optimized again inside each, and with fastmath LLVM may
+# associate a sum differently in each copy (CI saw it: a shared int8 mat-vec a few ulps off the
+# one-thread result, on a machine whose compiler choices differ from ours). So each half is
+# compiled once, as a C function (numba.cfunc), and both threads call that copy at its address,
+# kept in the control block. Arrays go by address, in C order.
+
+_I64 = types.int64
+
+
+@numba.cfunc(types.void(*[_I64] * 11), cache=True)
+def _grouped_half_c(x, qt, scales, offsets, k, n, groups, group_size, rows_per_word, half, part):
+    # _half: x [k], qt (quantized_jit's layout for rows_per_word), scales and offsets [groups, n], part [n]
+    xs = numba.carray(_pointer(x), (k,), np.float32)
+    s = numba.carray(_pointer(scales), (groups, n), np.float32)
+    o = numba.carray(_pointer(offsets), (groups, n), np.float32)
+    out = numba.carray(_pointer(part), (n,), np.float32)
     if rows_per_word == 8:
-        _half(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), scales, offsets, group_size, 8, half, part)
+        _half(xs, numba.carray(_pointer(qt), (k // 8, n), np.uint32), s, o, group_size, 8, half, out)
     elif rows_per_word == 4:
-        _half(x, numba.carray(_pointer(address), (k // 4, n), np.int32), scales, offsets, group_size, 4, half, part)
+        _half(xs, numba.carray(_pointer(qt), (k // 4, n), np.int32), s, o, group_size, 4, half, out)
     else:
-        _half(x, numba.carray(_pointer(address), (k, n), np.int8), scales, offsets, group_size, 1, half, part)
+        _half(xs, numba.carray(_pointer(qt), (k, n), np.int8), s, o, group_size, 1, half, out)
+
+
+@numba.cfunc(types.void(*[_I64] * 7), cache=True)
+def _dense_rows_c(w, x, k, n, r0, r1, out):
+    # dense_rows: w [n, k], x [k], out [r1 - r0]
+    dense_rows(numba.carray(_pointer(w), (n, k), np.float32), numba.carray(_pointer(x), (k,), np.float32),
+               r0, r1, numba.carray(_pointer(out), (r1 - r0,), np.float32))
+
+
+@numba.cfunc(types.void(*[_I64] * 8, types.float32, *[_I64] * 4), cache=True)
+def _attention_heads_c(q, keys, values, heads, dim, rows, kv_heads, kv_len, scale, block, h0, h1, out):
+    # decode_attention_heads: q [heads, dim], caches [rows, kv_heads, dim], out [h1 - h0, dim]
+    cache = (rows, kv_heads, dim)
+    decode_attention_heads(numba.carray(_pointer(q), (heads, dim), np.float32),
+                           numba.carray(_pointer(keys), cache, np.float32),
+                           numba.carray(_pointer(values), cache, np.float32), kv_len, scale, block, h0, h1,
+                           numba.carray(_pointer(out), (h1 - h0, dim), np.float32))
+
+
+def control_block() -> np.ndarray:
+    """A new control block, with the halves' addresses written in."""
+    ctrl = np.zeros(CTRL_SLOTS, np.int64)
+    ctrl[GROUPED_HALF_AT], ctrl[DENSE_ROWS_AT] = _grouped_half_c.address, _dense_rows_c.address
+    ctrl[ATTENTION_HEADS_AT] = _attention_heads_c.address
+    return ctrl
+
+
+# Each caller below is its kernel's plain call with the control block first (C-order arrays).
+
+@numba.njit(cache=True, inline="always")
+def grouped_half(ctrl, x, qt_address, scales, offsets, group_size, rows_per_word, half, part):
+    call_at(ctrl[GROUPED_HALF_AT], (x.ctypes.data, qt_address, scales.ctypes.data, offsets.ctypes.data,
+                                    x.shape[0], part.shape[0], scales.shape[0], np.int64(group_size),
+                                    np.int64(rows_per_word), np.int64(half), part.ctypes.data))
+
+
+@numba.njit(cache=True, inline="always")
+def dense_rows_at(ctrl, w, x, r0, r1, out):
+    n, k = w.shape
+    call_at(ctrl[DENSE_ROWS_AT], (w.ctypes.data, x.ctypes.data, k, n, np.int64(r0), np.int64(r1), out.ctypes.data))
+
+
+@numba.njit(cache=True, inline="always")
+def attention_heads_at(ctrl, q, k, v, kv_len, scale, block, h0, h1, out):
+    heads, dim = q.shape
+    call_at(ctrl[ATTENTION_HEADS_AT], (q.ctypes.data, k.ctypes.data, v.ctypes.data, heads, dim, k.shape[0],
+                                       k.shape[1], np.int64(kv_len), np.float32(scale), np.int64(block),
+                                       np.int64(h0), np.int64(h1), out.ctypes.data))
 
 
 @numba.njit(cache=True)
@@ -190,26 +267,26 @@ def _run_second_half(ctrl, seq, xbuf, scratch):
         dim, middle = k // heads, _attention_middle(heads)
         keys = numba.carray(_pointer(address), (rows, kv_heads, dim), np.float32)
         values = numba.carray(_pointer(second), (rows, kv_heads, dim), np.float32)
-        decode_attention_heads(x.reshape((heads, dim)), keys, values, kv_len, xbuf[k], block, middle, heads,
-                               scratch[:(heads - middle) * dim].reshape((heads - middle, dim)))
+        attention_heads_at(ctrl, x.reshape((heads, dim)), keys, values, kv_len, xbuf[k], block, middle, heads,
+                           scratch[:(heads - middle) * dim].reshape((heads - middle, dim)))
         compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)
         return
     scales = numba.carray(_pointer(second), (groups, n), np.float32)
     offsets = numba.carray(_pointer(third), (groups, n), np.float32)
     if kind == DENSE:
         middle = _dense_middle(n)
-        dense_rows(numba.carray(_pointer(address), (n, k), np.float32), x, middle, n, scratch[:n - middle])
+        dense_rows_at(ctrl, numba.carray(_pointer(address), (n, k), np.float32), x, middle, n, scratch[:n - middle])
     elif kind == BLOCKWISE:  # x holds q + 128; the second half's block sums (xnnpack_gemm_jit)
         blocks = k // group_size
         middle = blocks // 2
         block_sums(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), group_size, middle, blocks,
                    scratch[:(blocks - middle) * n].reshape((blocks - middle, n)))
     elif kind == WHOLE:  # both halves, summed as a one-thread call sums them
-        _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, 0, scratch[:n])
-        _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, 1, scratch[n:2 * n])
+        grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 0, scratch[:n])
+        grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 1, scratch[n:2 * n])
         _sum_into(scratch[:n], scratch[:n], scratch[n:2 * n])
     else:
-        _grouped_half(x, address, scales, offsets, k, n, group_size, rows_per_word, 1, scratch[:n])
+        grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 1, scratch[:n])
     compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)  # fails if the caller took it back
 
 
@@ -284,25 +361,25 @@ def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_
             ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales.shape[0], group_size, rows_per_word
             seq = post_job(ctrl, xbuf, x[r], GROUPED, qt.ctypes.data, k, n)
             start = cycles()
-        _half(x[r], qt, scales, offsets, group_size, rows_per_word, 0, first)
+        grouped_half(ctrl, x[r], qt.ctypes.data, scales, offsets, group_size, rows_per_word, 0, first)
         if share:
             where = second_half_where(ctrl, seq, start)
         if where == THERE:
             _sum_into(out[r], first, scratch)
         else:
-            _half(x[r], qt, scales, offsets, group_size, rows_per_word, 1, second)
+            grouped_half(ctrl, x[r], qt.ctypes.data, scales, offsets, group_size, rows_per_word, 1, second)
             _sum_into(out[r], first, second)
         taken_back += where == TAKEN
     return taken_back
 
 
 @numba.njit(cache=True, inline="always")
-def _whole_matvec(x, qt, scales, offsets, group_size, rows_per_word, out):
+def _whole_matvec(ctrl, x, qt, scales, offsets, group_size, rows_per_word, out):
     # out = x @ w.T for one row, as matvec_halves computes it alone: both halves, then their sum
     n = out.shape[0]
     first, second = np.empty(n, np.float32), np.empty(n, np.float32)
-    _half(x, qt, scales, offsets, group_size, rows_per_word, 0, first)
-    _half(x, qt, scales, offsets, group_size, rows_per_word, 1, second)
+    grouped_half(ctrl, x, qt.ctypes.data, scales, offsets, group_size, rows_per_word, 0, first)
+    grouped_half(ctrl, x, qt.ctypes.data, scales, offsets, group_size, rows_per_word, 1, second)
     _sum_into(out, first, second)
 
 
@@ -321,13 +398,13 @@ def matvec_pair(ctrl, xbuf, scratch, x, qt, scales, offsets, qt2, scales2, offse
         ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales2.shape[0], group_size, rows_per_word
         seq = post_job(ctrl, xbuf, x[0], WHOLE, qt2.ctypes.data, k, n2)
         start = cycles()
-    _whole_matvec(x[0], qt, scales, offsets, group_size, rows_per_word, out[0])
+    _whole_matvec(ctrl, x[0], qt, scales, offsets, group_size, rows_per_word, out[0])
     if share:
         where = second_half_where(ctrl, seq, start)
     if where == THERE:
         out2[0, :] = scratch[:n2]
     else:
-        _whole_matvec(x[0], qt2, scales2, offsets2, group_size, rows_per_word, out2[0])
+        _whole_matvec(ctrl, x[0], qt2, scales2, offsets2, group_size, rows_per_word, out2[0])
     return 1 if where == TAKEN else 0
 
 
@@ -344,13 +421,13 @@ def dense_matvec_halves(ctrl, xbuf, scratch, x, w, out, share):
         ctrl[JOB + 5] = 0  # no scales or offsets
         seq = post_job(ctrl, xbuf, x, DENSE, w.ctypes.data, k, n)
         start = cycles()
-    dense_rows(w, x, 0, middle, out[:middle])
+    dense_rows_at(ctrl, w, x, 0, middle, out[:middle])
     if share:
         where = second_half_where(ctrl, seq, start)
     if where == THERE:
         out[middle:] = scratch[:n - middle]
     else:
-        dense_rows(w, x, middle, n, out[middle:])
+        dense_rows_at(ctrl, w, x, middle, n, out[middle:])
     return 1 if where == TAKEN else 0
 
 
@@ -370,7 +447,7 @@ def attention_halves(ctrl, xbuf, scratch, q, k, v, kv_len, scale, block, out, sh
         ctrl[ATTENTION_BLOCK] = block
         seq = post_job(ctrl, xbuf, q.reshape(heads * dim), ATTENTION, k.ctypes.data, heads * dim, heads)
         start = cycles()
-    decode_attention_heads(q, k, v, kv_len, scale, block, 0, middle, out[:middle])
+    attention_heads_at(ctrl, q, k, v, kv_len, scale, block, 0, middle, out[:middle])
     if share:
         where = second_half_where(ctrl, seq, start)
     if where == THERE:
@@ -379,7 +456,7 @@ def attention_halves(ctrl, xbuf, scratch, q, k, v, kv_len, scale, block, out, sh
             for d in range(dim):
                 rest[h, d] = scratch[h * dim + d]
     else:
-        decode_attention_heads(q, k, v, kv_len, scale, block, middle, heads, out[middle:])
+        attention_heads_at(ctrl, q, k, v, kv_len, scale, block, middle, heads, out[middle:])
     return 1 if where == TAKEN else 0
 
 

@@ -15,6 +15,7 @@ Semantics (the torch side and its eager reference: execupy/llm/export/custom_ops
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Optional
 
@@ -151,17 +152,18 @@ _COMPILED: list[Callable] = []  # the compiled decode attention, once loaded
 
 
 def _compiled_decode() -> Optional[Callable]:
-    """kernels/fast/attention_jit.decode_attention where numba is loaded already and allowed."""
+    """The compiled decode attention (kernels/fast/attention_jit) where numba is loaded already and
+    allowed, on this thread alone: the same compiled copy a bound step runs, so both give the same bits."""
     if _COMPILED:
         return _COMPILED[0]
     from ..fast.elementwise import numba_loaded
 
     if not numba_loaded():
         return None
-    from ..fast.attention_jit import decode_attention
+    from ..fast.second_thread import SECOND_THREAD
 
-    _COMPILED.append(decode_attention)
-    return decode_attention
+    _COMPILED.append(functools.partial(SECOND_THREAD.decode_attention, site=None))
+    return _COMPILED[0]
 
 
 @register_kernel("llama::custom_sdpa.out")
