@@ -99,16 +99,11 @@ def _lane_sum(e, m):
 
 
 @numba.njit(cache=True, nogil=True)
-def decode_attention(q, k, v, kv_len, scale, block, out):
-    """out [H, D] = softmax(q k^T * scale) v for one query token q [H, D] against the first
-    kv_len rows of the caches k, v [S, Hkv, D]; query head h reads KV head h // (H / Hkv)."""
-    decode_attention_heads(q, k, v, kv_len, scale, block, 0, q.shape[0], out)
-
-
-@numba.njit(cache=True, nogil=True)
 def decode_attention_heads(q, k, v, kv_len, scale, block, h0, h1, out):
-    """decode_attention's query heads h0..h1 only, into out [h1 - h0, D]: each head's arithmetic
-    is its own, so two threads taking a share of the heads each give the bits one thread does."""
+    """out [h1 - h0, D] = softmax(q k^T * scale) v for the query heads h0..h1 of one token q [H, D]
+    against the first kv_len rows of the caches k, v [S, Hkv, D]; query head h reads KV head
+    h // (H / Hkv). Each head's arithmetic is its own, so two threads taking a share of the
+    heads (second_thread_jit.attention_halves) each give the bits one thread does."""
     dim = q.shape[1]
     rep = q.shape[0] // k.shape[1]
     heads = h1 - h0

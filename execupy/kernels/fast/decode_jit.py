@@ -46,13 +46,11 @@ def warm_up() -> None:
     step after its plan was bound took 30 ms against 5), which then belongs to loading, not to
     the first generated tokens. Called where a program's linears bind their compiled mat-vecs."""
     from . import second_thread_jit as ST
-    from .attention_jit import decode_attention
     from .second_thread import SECOND_THREAD
 
     row = np.ones(16, np.float32)
     add_rms_norm_row(row, row, np.float32(1e-5), row, np.empty(16, np.float32), np.empty(16, np.float32))
     rope_swapped_rows(np.ones((2, 16), np.float32), row, row, np.empty((2, 16), np.float32))
     cache = np.ones((4, 1, 16), np.float32)
-    decode_attention(np.ones((2, 16), np.float32), cache, cache, 3, np.float32(0.25), 512, np.empty((2, 16), np.float32))
     SECOND_THREAD.call(ST.attention_halves, (np.ones((2, 16), np.float32), cache, cache, 3, np.float32(0.25), 512,
                                              np.empty((2, 16), np.float32)), False)

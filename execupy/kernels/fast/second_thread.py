@@ -56,9 +56,9 @@ class SecondThread:
         return self.call(K.dense_matvec_halves, (x, w, out), share)
 
     def decode_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_len: int, scale: np.float32,
-                         block: int, out: np.ndarray, site: cores.Site) -> None:
-        """attention_jit.decode_attention (float32, C order), its query heads split between the
-        two cores while the rule of kernels/cores.py says the other one is free."""
+                         block: int, out: np.ndarray, site: Optional[cores.Site]) -> None:
+        """attention_jit's decode attention (float32, C order), its query heads split between the
+        two cores while the rule of kernels/cores.py says the other one is free (never without a site)."""
         self.run(K.attention_halves, (q, k, v, kv_len, scale, block, out), site)
 
     def run(self, kernel, args: tuple, site: Optional[cores.Site], threads: Optional[int] = None) -> None:

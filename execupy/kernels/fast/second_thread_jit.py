@@ -433,7 +433,7 @@ def dense_matvec_halves(ctrl, xbuf, scratch, x, w, out, share):
 
 @numba.njit(cache=True, nogil=True)
 def attention_halves(ctrl, xbuf, scratch, q, k, v, kv_len, scale, block, out, share):
-    """attention_jit.decode_attention (q [H, D], caches k, v [S, Hkv, D], out [H, D]) with the
+    """attention_jit's decode attention (q [H, D], caches k, v [S, Hkv, D], out [H, D]) with the
     first half of the query heads here and, when `share`, the rest on the second thread. Each
     head is computed alone, so one thread and two give the same bits. Returns 1 when the second
     half was taken back."""
