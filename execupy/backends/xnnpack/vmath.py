@@ -70,6 +70,8 @@ def _compile_sigmoid():
         return None
     import numba
 
+    from ...kernels.fast import jit_cache  # noqa: F401  (before the decorator: our cache stamps)
+
     log2e, magic, ln2_hi, ln2_lo = F64(_LOG2E), F64(_MAGIC_BIAS), F64(_MINUS_LN2_HI), F64(_MINUS_LN2_LO)
     c2, c1, magic32, table = F64(_C2), F64(_C1), _MAGIC_BIAS, _TABLE
     powers = np.ldexp(1.0, np.arange(-151, 1))  # 2**k for k = -151 .. 0, float64

@@ -9,6 +9,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from ...kernels.fast import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+
 
 @intrinsic
 def _estimate(typingctx, a):

@@ -28,6 +28,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+
 _LANES = 16
 
 # exp_below's constants: ln 2 in two parts (k * _LN2_HI is exact for the k used), the Taylor

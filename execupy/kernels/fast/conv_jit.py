@@ -11,6 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+
 
 @numba.njit(cache=True, inline="always")
 def nchw_plane(xp, w, sh, sw, dh, dw, out, n, c):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def add_rms_norm_row(a, b, eps, w, total, normed):

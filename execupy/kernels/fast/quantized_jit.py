@@ -14,6 +14,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+
 _M4 = np.uint32(15)
 _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
 _B8, _B16, _B24 = np.int32(8), np.int32(16), np.int32(24)

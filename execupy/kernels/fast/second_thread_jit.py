@@ -32,6 +32,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .attention_jit import decode_attention_heads
 from .quantized_jit import _columns, block_sums
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .quantized_jit import block_sums
 from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, cycles, post_job, second_half_where
 from .xnnpack_gemm import TILE  # defined before xnnpack_gemm imports this module
