@@ -41,6 +41,30 @@ def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
             np.testing.assert_array_equal(out, reference)
 
 
+@pytest.mark.parametrize("variant", ["_chains_float", "_chains_vnni"])
+def test_both_panel_kernels_equal_numpy(variant):
+    """The decode mat-vec's panels, through vpdpbusd where the CPU has AVX512-VNNI and through
+    float32 sums elsewhere: each equals the reference bit for bit (150 outputs: three panels, the
+    last one padded)."""
+    from execupy.kernels.fast import blockwise_jit as B
+
+    if variant == "_chains_vnni" and not B.VNNI:
+        pytest.skip("this CPU (or numba's target) has no AVX512-VNNI: the float32 variant runs here")
+    rng = np.random.default_rng(11)
+    n, k, block = 150, 576, 32
+    q, zp, scale = _activations(rng, 1, k)
+    scales = (rng.random((n, k // block)) * 0.02 + 1e-4).astype(ml_dtypes.bfloat16).astype(np.float32)
+    packed = XG.pack_blockwise(rng.integers(-8, 8, (n, k)).astype(np.int8), scales)
+    a = q[0].astype(np.float32) + 128
+    xbytes, shifts = np.empty((k // 8, 2), np.int32), np.empty(k // block, np.float32)
+    B.activation_bytes(a, block, xbytes, shifts)
+    panels = packed.words.shape[0]
+    v = (packed.ksum * np.float32(zp[0] + 128)).reshape(panels, B.PANEL)
+    getattr(B, variant)(a, xbytes, shifts, packed.words, packed.scales, block // 8, 0, panels, v)
+    ours = v.reshape(-1)[:n] * scale[0]
+    np.testing.assert_array_equal(ours, XG.NUMPY["blockwise"](q, zp, scale, packed, None)[0])
+
+
 def test_blockwise_sums_stay_exact_at_the_largest_terms():
     """Every term 255 * 7 or 255 * -8 over the largest block the float32 sums allow: still the
     integer sums (the mat-vec adds (q + 128) * (w + 8) in float32)."""

@@ -142,23 +142,6 @@ def exact_nibble_sums(a, words, b0, b1, acc):
             acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
 
 
-@numba.njit(cache=True)
-def block_sums(a, words, block, b0, b1, sums):
-    """sums[b - b0, j] = sum over block b's inputs k of a[k] * (stored 4-bit weight k, j - 8), for
-    the blocks b0..b1 of `block` inputs: XNNPACK's qb4w block sums (xnnpack_gemm.py), a = q + 128.
-    Integers below 2**24, exact in float32 (the stored values' +8 is taken off as 8 * sum(a))."""
-    per_block = block // 8
-    for b in range(b0, b1):
-        acc = sums[b - b0]
-        exact_nibble_sums(a, words, b * per_block, (b + 1) * per_block, acc)
-        total = np.float32(0)
-        for i in range(b * block, (b + 1) * block):
-            total += a[i]
-        shift = np.float32(8) * total
-        for j in range(acc.shape[0]):
-            acc[j] -= shift
-
-
 # Above this many outputs a word weight's running sums leave L1 and `_word_columns` takes four
 # words per pass (at 8192 columns and more that was faster, at 4096 and fewer slower).
 WIDE_COLUMNS = 4096

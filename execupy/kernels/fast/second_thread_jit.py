@@ -34,7 +34,8 @@ from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .attention_jit import decode_attention_heads
-from .quantized_jit import _columns, block_sums
+from .blockwise_jit import PANEL, activation_bytes, blockwise_panels
+from .quantized_jit import _columns
 
 # ---------------------------------------------------------------------------- atomics (LLVM)
 # numba has no atomics or raw pointers in nopython code; these emit the LLVM instructions.
@@ -111,7 +112,7 @@ CLAIM = 8  # SEQ * 2 + 1 once the second half is claimed (by either thread: a co
 RESULT = 16  # SEQ * 4 + PENDING, DONE (the second thread's half is in `scratch`) or TAKEN_BACK
 STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
 JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n.
-# BLOCKWISE: words; -, -; k, n, -, block. ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
+# BLOCKWISE: words, scales, ksum; k, n (panels * 16), -, block (and zp + 128 in xbuf[k]). ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
 # ATTENTION_BLOCK; the query in xbuf[:H * D], its scale after it)
 # WHOLE: a GROUPED weight's whole mat-vec (the second of a pair reading the same x), fields as GROUPED.
 KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w), ATTENTION, WHOLE
@@ -277,11 +278,15 @@ def _run_second_half(ctrl, seq, xbuf, scratch):
     if kind == DENSE:
         middle = _dense_middle(n)
         dense_rows_at(ctrl, numba.carray(_pointer(address), (n, k), np.float32), x, middle, n, scratch[:n - middle])
-    elif kind == BLOCKWISE:  # x holds q + 128; the second half's block sums (xnnpack_gemm_jit)
-        blocks = k // group_size
-        middle = blocks // 2
-        block_sums(x, numba.carray(_pointer(address), (k // 8, n), np.uint32), group_size, middle, blocks,
-                   scratch[:(blocks - middle) * n].reshape((blocks - middle, n)))
+    elif kind == BLOCKWISE:  # x holds q + 128; the second half of the panels (xnnpack_gemm_jit)
+        block, panels = group_size, n // PANEL
+        middle = panels // 2
+        xbytes, shifts = np.empty((k // 8, 2), np.int32), np.empty(k // block, np.float32)
+        activation_bytes(x, block, xbytes, shifts)
+        blockwise_panels(x, xbytes, shifts, numba.carray(_pointer(address), (panels, k // 8, PANEL), np.uint32),
+                         numba.carray(_pointer(second), (panels, k // block, PANEL), np.float32),
+                         numba.carray(_pointer(third), n, np.float32), xbuf[k], block, middle, panels,
+                         scratch[:(panels - middle) * PANEL].reshape((panels - middle, PANEL)))
     elif kind == WHOLE:  # both halves, summed as a one-thread call sums them
         grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 0, scratch[:n])
         grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 1, scratch[n:2 * n])

@@ -12,9 +12,12 @@ import numba
 import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from .quantized_jit import block_sums
-from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, cycles, post_job, second_half_where
+from .blockwise_jit import PANEL, activation_bytes, blockwise_panels
+from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
 from .xnnpack_gemm import TILE  # defined before xnnpack_gemm imports this module
+from .xnnpack_gemm import PANEL as LAID_OUT
+
+assert LAID_OUT == PANEL and TILE % PANEL == 0
 
 
 _M4 = np.uint32(15)
@@ -23,61 +26,43 @@ _M4 = np.uint32(15)
 # ---------------------------------------------------------------- a few rows: one pass over the words
 
 
-@numba.njit(cache=True, inline="always")
-def _chain(v, sums, scales, b0):
-    # v = fma(sums[b], scales[b0 + b], v) for each block in order, emulated in float64 (XNNPACK's step)
-    for b in range(sums.shape[0]):
-        s, sb = sums[b], scales[b0 + b]
-        for j in range(v.shape[0]):
-            v[j] = np.float32(np.float64(v[j]) + np.float64(s[j]) * np.float64(sb[j]))
-
-
-@numba.njit(cache=True, inline="always")
-def _sum_and_chain(a, words, scales, block, b0, b1, acc, v):
-    # blocks b0..b1 one at a time: a block's exact sums (in L1), then v's fma with them
-    for b in range(b0, b1):
-        block_sums(a, words, block, b, b + 1, acc)
-        _chain(v, acc, scales, b)
-
-
 @numba.njit(cache=True, nogil=True)
 def blockwise_matvec(ctrl, xbuf, scratch, q, zp, x_scale, words, scales, ksum, bias, block, out, share):
-    """out [M, N] for a few rows, XNNPACK's steps in its order (xnnpack_gemm.py). Each row's blocks
-    are summed in two halves, one contiguous half of the words each; with `share` the second
-    half's sums may run on the second core's thread (second_thread_jit) into `scratch`. Block
-    sums are exact integers and v's chain of fmas runs over the blocks in order whoever summed
-    them, so one thread and two give the same bits. Returns the halves taken back."""
+    """out [M, N] for a few rows, XNNPACK's steps in its order (xnnpack_gemm.py), a panel of 16
+    outputs at a time (blockwise_jit). With `share` the second core's thread (second_thread_jit)
+    may run the second half of the panels into `scratch`; a panel's bits do not depend on who
+    runs it. Returns the halves taken back."""
     m, k = q.shape
     n = out.shape[1]
-    blocks = k // block
-    middle = blocks // 2
+    panels, blocks = words.shape[0], k // block
+    middle = panels // 2
     a = np.empty(k, np.float32)
-    acc = np.empty((1, n), np.float32)
-    v = np.empty(n, np.float32)
-    share = share and k <= xbuf.shape[0] and (blocks - middle) * n <= scratch.shape[0]
+    xbytes, shifts = np.empty((k // 8, 2), np.int32), np.empty(blocks, np.float32)
+    v = np.empty((panels, PANEL), np.float32)
+    share = share and k < xbuf.shape[0] and (panels - middle) * PANEL <= scratch.shape[0]
     taken_back, seq, start = 0, 0, 0
     for r in range(m):
         for i in range(k):
             a[i] = np.float32(q[r, i]) + np.float32(128)  # qdu8's activations
+        zr = np.float32(zp[r]) + np.float32(128)
         where = HERE
         if share:
-            ctrl[JOB + 5], ctrl[JOB + 6] = 0, block  # no grouped scales; the block size
-            seq = post_job(ctrl, xbuf, a, BLOCKWISE, words.ctypes.data, k, n)
+            xbuf[k] = zr
+            ctrl[JOB + 1], ctrl[JOB + 2], ctrl[JOB + 5], ctrl[JOB + 6] = scales.ctypes.data, ksum.ctypes.data, 0, block
+            seq = post_job(ctrl, xbuf, a, BLOCKWISE, words.ctypes.data, k, panels * PANEL)
             start = cycles()
-        zr = np.float32(zp[r]) + np.float32(128)
-        for j in range(n):
-            v[j] = ksum[j] * zr
-        _sum_and_chain(a, words, scales, block, 0, middle, acc, v)
+        activation_bytes(a, block, xbytes, shifts)
+        blockwise_panels(a, xbytes, shifts, words, scales, ksum, zr, block, 0, middle, v[:middle])
         if share:
             where = second_half_where(ctrl, seq, start)
         if where == THERE:
-            _chain(v, scratch[:(blocks - middle) * n].reshape((blocks - middle, n)), scales, middle)
+            v[middle:] = scratch[:(panels - middle) * PANEL].reshape((panels - middle, PANEL))
         else:
-            _sum_and_chain(a, words, scales, block, middle, blocks, acc, v)
+            blockwise_panels(a, xbytes, shifts, words, scales, ksum, zr, block, middle, panels, v[middle:])
         taken_back += where == TAKEN
-        o = out[r]
+        o, flat = out[r], v.reshape(panels * PANEL)
         for j in range(n):
-            o[j] = np.float32(v[j] * x_scale[r]) + bias[j]
+            o[j] = np.float32(flat[j] * x_scale[r]) + bias[j]
     return taken_back
 
 
@@ -85,15 +70,20 @@ def blockwise_matvec(ctrl, xbuf, scratch, q, zp, x_scale, words, scales, ksum, b
 
 
 @numba.njit(cache=True)
-def _signed_tile(words, c0, width, tile):
-    # tile int8 [K, TILE] = the signed weights (stored - 8) of columns c0 .. c0 + width, zeros after
+def _signed_tile(words, scales, c0, width, tile, tile_scales):
+    # tile int8 [K, TILE] = the signed weights (stored - 8) of columns c0 .. c0 + width, zeros
+    # after; tile_scales [K / block, TILE] their block scales: the panels' columns side by side
     tile[:] = 0
-    for b in range(words.shape[0]):
-        row = words[b, c0:c0 + width]
-        for r in range(8):
-            dst, shift = tile[8 * b + r], np.uint32(4 * r)
-            for j in range(width):
-                dst[j] = np.int8(np.int32((row[j] >> shift) & _M4) - np.int32(8))
+    for j0 in range(0, width, PANEL):
+        p, lanes = (c0 + j0) // PANEL, min(PANEL, width - j0)
+        for b in range(words.shape[1]):
+            row = words[p, b]
+            for r in range(8):
+                dst, shift = tile[8 * b + r, j0:j0 + lanes], np.uint32(4 * r)
+                for j in range(lanes):
+                    dst[j] = np.int8(np.int32((row[j] >> shift) & _M4) - np.int32(8))
+        for b in range(scales.shape[1]):
+            tile_scales[b, j0:j0 + lanes] = scales[p, b, :lanes]
 
 
 @numba.njit(cache=True)
@@ -108,8 +98,8 @@ def blockwise_tile(a, zp, x_scale, words, scales, ksum, bias, block, out, t):
     m, k = a.shape
     c0 = t * TILE
     width = min(TILE, out.shape[1] - c0)
-    tile = np.empty((k, TILE), np.int8)
-    _signed_tile(words, c0, width, tile)
+    tile, tile_scales = np.empty((k, TILE), np.int8), np.empty((k // block, TILE), np.float32)
+    _signed_tile(words, scales, c0, width, tile, tile_scales)
     acc = np.empty(TILE, np.int32)
     v = np.empty(width, np.float32)
     ks, bs = ksum[c0:c0 + width], bias[c0:c0 + width]
@@ -122,7 +112,7 @@ def blockwise_tile(a, zp, x_scale, words, scales, ksum, bias, block, out, t):
                 a0, a1, row0, row1 = a[r, i], a[r, i + 1], tile[i], tile[i + 1]
                 for j in range(TILE):
                     acc[j] += np.int32(a0 * np.int16(row0[j]) + a1 * np.int16(row1[j]))
-            sb = scales[b, c0:c0 + width]
+            sb = tile_scales[b]
             for j in range(width):
                 v[j] = np.float32(np.float64(v[j]) + np.float64(np.float32(acc[j])) * np.float64(sb[j]))
         o = out[r, c0:c0 + width]

@@ -1,0 +1,63 @@
+"""The part of XNNPACK's qb4w decode mat-vec that either thread runs: the chains of a range of output
+panels (imported only where numba is installed; layout and arithmetic in xnnpack_gemm.py).
+
+The caller (xnnpack_gemm_jit.blockwise_matvec) runs the first half of a weight's panels and the
+second core's thread (second_thread_jit) the second, each into its own buffer: a panel's outputs
+depend on nothing else, so who computes it does not change a bit. With AVX512-VNNI the block sums
+come from vpdpbusd (vnni_jit); elsewhere from float32 sums of the same integers, exact in any order.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .quantized_jit import exact_nibble_sums
+from .vnni_jit import PANEL, VNNI, panel_chain
+
+
+@numba.njit(cache=True)
+def activation_bytes(a, block, xbytes, shifts):
+    """From a = q + 128 (float32 [K], integers 0..255): xbytes int32 [K/8, 2], each word row's
+    even inputs' bytes in [r, 0] and odd inputs' in [r, 1] (vpdpbusd's operands), and shifts
+    float32 [K / block], 8 * each block's sum of a (what the stored values' +8 adds)."""
+    for r in range(a.shape[0] // 8):
+        even, odd = np.uint32(0), np.uint32(0)
+        for t in range(4):
+            even |= np.uint32(a[8 * r + 2 * t]) << np.uint32(8 * t)
+            odd |= np.uint32(a[8 * r + 2 * t + 1]) << np.uint32(8 * t)
+        xbytes[r, 0], xbytes[r, 1] = np.int32(even), np.int32(odd)
+    for b in range(shifts.shape[0]):
+        shifts[b] = np.float32(8) * a[b * block:(b + 1) * block].sum()
+
+
+@numba.njit(cache=True)
+def _chains_vnni(a, xbytes, shifts, words, scales, per_block, p0, p1, v):
+    for p in range(p0, p1):
+        panel_chain(words, xbytes, shifts, scales, per_block, p, v, p - p0)
+
+
+@numba.njit(cache=True)
+def _chains_float(a, xbytes, shifts, words, scales, per_block, p0, p1, v):
+    sums = np.empty(PANEL, np.float32)
+    for p in range(p0, p1):
+        chain, panel, panel_scales = v[p - p0], words[p], scales[p]
+        for b in range(shifts.shape[0]):
+            exact_nibble_sums(a, panel, b * per_block, (b + 1) * per_block, sums)
+            block_scales, shift = panel_scales[b], shifts[b]
+            for j in range(PANEL):
+                chain[j] = np.float32(np.float64(chain[j]) + np.float64(sums[j] - shift) * np.float64(block_scales[j]))
+
+
+# Chosen once: numba compiles the function a caller names into it.
+_chains = _chains_vnni if VNNI else _chains_float
+
+
+@numba.njit(cache=True, nogil=True)
+def blockwise_panels(a, xbytes, shifts, words, scales, ksum, zr, block, p0, p1, v):
+    """v [p1 - p0, PANEL] = panels p0..p1's outputs before the row's scale and the bias: from
+    ksum * (zp + 128) (`zr`), one fma per block in order (xnnpack_gemm.py)."""
+    for p in range(p0, p1):
+        for j in range(PANEL):
+            v[p - p0, j] = ksum[p * PANEL + j] * zr
+    _chains(a, xbytes, shifts, words, scales, block // 8, p0, p1, v)

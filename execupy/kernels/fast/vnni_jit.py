@@ -1,0 +1,124 @@
+"""XNNPACK's qb4w mat-vec on AVX512-VNNI, one panel of 64 output columns in registers (imported
+only where numba is installed; the layout and arithmetic are xnnpack_gemm.py's).
+
+`vpdpbusd` multiplies four unsigned bytes by four signed bytes and adds the four products into
+an int32 lane: a panel's eight inputs of a word row in two instructions, where the float path
+converts and multiplies every nibble alone. numba cannot emit it, so `panel_chain` writes the
+LLVM IR: per block the exact integer sums, then the block's fma into v (in float64, rounded to
+float32, no fast-math flags: the same IEEE steps as the float path, so the same bits). A panel
+is four registers wide: each register's chain of fmas waits on the block before, and four
+independent chains keep the core busy (one register at a time ran 2x slower, in-cache), while
+a word row of the panel is one run of 256 bytes (four panels of 16 read side by side were
+slower from memory).
+
+`VNNI` is True only where numba compiles for a CPU that has the instruction: the host's own
+features, and no NUMBA_CPU_NAME / NUMBA_CPU_FEATURES override (a cache built for another CPU
+must not hold it). numba keys its disk cache by the target CPU and its features, so a kernel
+compiled here with the intrinsic is never loaded on a machine without it.
+"""
+from __future__ import annotations
+
+from llvmlite import binding, ir
+from numba import types
+from numba.core import cgutils, config
+from numba.extending import intrinsic
+
+
+def _host_has_vnni() -> bool:
+    if config.CPU_NAME not in (None, "host") or config.CPU_FEATURES is not None:
+        return False
+    try:
+        features = binding.get_host_cpu_features()
+    except RuntimeError:  # llvmlite cannot read them on this platform
+        return False
+    return bool(features.get("avx512vnni")) and bool(features.get("avx512f"))
+
+
+VNNI = _host_has_vnni()
+LANES = 16  # output columns per instruction (512-bit registers of int32)
+
+_I32 = ir.IntType(32)
+_BYTES = ir.IntType(8).as_pointer()
+_V16 = ir.VectorType(_I32, LANES)
+
+
+def _splat(builder, x):
+    one = builder.insert_element(ir.Constant(_V16, ir.Undefined), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, [0] * LANES))
+
+
+_F32, _F64 = ir.FloatType(), ir.DoubleType()
+_V16F, _V16D = ir.VectorType(_F32, LANES), ir.VectorType(_F64, LANES)
+PANEL = 64  # output columns per panel: four registers, whose chains of fmas run side by side
+VECTORS = PANEL // LANES
+# Each word row asks for the row 2 KiB ahead: a panel's rows from memory took longer than its
+# arithmetic plus the read (1536 x 576, 30 us against 8.6 in cache); with it 21-26 us on one thread.
+PREFETCH_BYTES = 2048
+
+
+def _vector_at(context, builder, array_type, array, indices):
+    at = cgutils.get_item_pointer(context, builder, array_type, array, indices, wraparound=False)
+    return builder.bitcast(at, ir.VectorType(context.get_value_type(array_type.dtype), LANES).as_pointer())
+
+
+def _item(context, builder, array_type, array, indices):
+    return builder.load(cgutils.get_item_pointer(context, builder, array_type, array, indices, wraparound=False))
+
+
+@intrinsic
+def panel_chain(typingctx, words, xbytes, shifts, scales, per_block, p, v, i):
+    """v[i, :] = XNNPACK's qb4w chain over every block for panel p's PANEL outputs:
+    v = fma(float(block sum) - shifts[b], scales[p, b, :], v) block after block, v starting as
+    given. words uint32 [P, K/8, PANEL]: input 8r + t of word row r in bits 4t..4t+3 (the stored
+    values 0..15); xbytes int32 [K/8, 2]: row r's even inputs' bytes q + 128 in [r, 0] (input 8r
+    in the low byte), its odd inputs' in [r, 1]; shifts float32 [blocks]: 8 * the block's sum of
+    q + 128 (the stored values' +8); scales float32 [P, blocks, PANEL]; v float32 [*, PANEL]."""
+    def codegen(context, builder, sig, args):
+        words_t, x_t, shifts_t, scales_t, _, _, v_t, _ = sig.args
+        w_arr = context.make_array(words_t)(context, builder, args[0])
+        x_arr = context.make_array(x_t)(context, builder, args[1])
+        sh_arr = context.make_array(shifts_t)(context, builder, args[2])
+        sc_arr = context.make_array(scales_t)(context, builder, args[3])
+        v_arr = context.make_array(v_t)(context, builder, args[6])
+        per, p, i = args[4], args[5], args[7]
+        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
+                                             "llvm.x86.avx512.vpdpbusd.512")
+        prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every cache level, data)
+            builder.module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+        low_nibbles, four = ir.Constant(_V16, [0x0F0F0F0F] * LANES), ir.Constant(_V16, [4] * LANES)
+        intp = cgutils.intp_t
+        zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
+        columns = [ir.Constant(intp, LANES * g) for g in range(VECTORS)]
+        v_at = [_vector_at(context, builder, v_t, v_arr, [i, c]) for c in columns]
+        vs = [cgutils.alloca_once_value(builder, builder.load(at, align=4)) for at in v_at]
+        accs = [cgutils.alloca_once(builder, _V16) for _ in columns]
+        with cgutils.for_range_slice(builder, zero, builder.extract_value(sh_arr.shape, 0), one) as (b, _):
+            for acc in accs:
+                builder.store(ir.Constant(_V16, None), acc)
+            r0 = builder.mul(b, per)
+            with cgutils.for_range_slice(builder, r0, builder.add(r0, per), one) as (r, _):
+                even = _splat(builder, _item(context, builder, x_t, x_arr, [r, zero]))
+                odd = _splat(builder, _item(context, builder, x_t, x_arr, [r, one]))
+                for c, acc in zip(columns, accs):
+                    at = _vector_at(context, builder, words_t, w_arr, [p, r, c])
+                    ahead = builder.gep(builder.bitcast(at, _BYTES), [ir.Constant(intp, PREFETCH_BYTES)])
+                    builder.call(prefetch, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                    w = builder.load(at, align=4)
+                    # byte t of a word holds inputs 2t (low nibble) and 2t + 1 (high); vpdpbusd's
+                    # first factor is unsigned (q + 128), its second signed (0..15 either way)
+                    total = builder.call(dot, [builder.load(acc), even, builder.and_(w, low_nibbles)])
+                    total = builder.call(dot, [total, odd, builder.and_(builder.lshr(w, four), low_nibbles)])
+                    builder.store(total, acc)
+            shift = _item(context, builder, shifts_t, sh_arr, [b])
+            shift = builder.shuffle_vector(builder.insert_element(ir.Constant(_V16F, ir.Undefined), shift,
+                                                                  ir.Constant(_I32, 0)),
+                                           ir.Constant(_V16F, ir.Undefined), ir.Constant(_V16, [0] * LANES))
+            for c, acc, v in zip(columns, accs, vs):
+                sums = builder.fsub(builder.sitofp(builder.load(acc), _V16F), shift)  # exact: below 2**24
+                scale = builder.load(_vector_at(context, builder, scales_t, sc_arr, [p, b, c]), align=4)
+                product = builder.fmul(builder.fpext(sums, _V16D), builder.fpext(scale, _V16D))
+                builder.store(builder.fptrunc(builder.fadd(builder.fpext(builder.load(v), _V16D), product), _V16F), v)
+        for at, v in zip(v_at, vs):
+            builder.store(builder.load(v), at, align=4)
+        return context.get_dummy_value()
+    return types.void(words, xbytes, shifts, scales, per_block, p, v, i), codegen
