@@ -65,6 +65,19 @@ def test_both_panel_kernels_equal_numpy(variant):
     np.testing.assert_array_equal(ours, XG.NUMPY["blockwise"](q, zp, scale, packed, None)[0])
 
 
+@pytest.mark.parametrize("rows", [1, 3, 5])  # one compiled call below MATVEC_MAX_ROWS, the general path above
+def test_a_fused_convert_quantizes_then_multiplies_as_the_two_steps(rows):
+    rng = np.random.default_rng(rows)
+    n, k = 200, 576
+    x = rng.standard_normal((rows, k)).astype(np.float32) * 3
+    packed = XG.pack_blockwise(rng.integers(-8, 8, (n, k)).astype(np.int8),
+                               (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float32))
+    bias = rng.standard_normal(n).astype(np.float32)
+    q, scale, zp = XG.quantize_rows_numpy(x)
+    np.testing.assert_array_equal(XG.bind_blockwise_from_float(packed, bias)(x),
+                                  XG.gemm_blockwise_numpy(q, zp, scale, packed, bias))
+
+
 def test_blockwise_sums_stay_exact_at_the_largest_terms():
     """Every term 255 * 7 or 255 * -8 over the largest block the float32 sums allow: still the
     integer sums (the mat-vec adds (q + 128) * (w + 8) in float32)."""
@@ -147,6 +160,7 @@ packed = XG.pack_blockwise(rng.integers(-8, 8, (300, 64)).astype(np.int8), np.on
 for threads in (1, 2):  # the mat-vec of a decode step on one thread, then on two
     XG.NUMBA["blockwise_matvec"](q, zp, scale, packed, np.zeros(300, np.float32), np.empty((3, 300), np.float32),
                                  threads=threads)
+XG.bind_blockwise_from_float(packed, None)(rng.standard_normal((1, 64)).astype(np.float32))
 for parallel_min in (10 ** 12, 0):  # a prompt's rows on one thread, then on every thread
     XG.PARALLEL_MIN_MACS = parallel_min
     XG.NUMBA["blockwise"](q.repeat(3, axis=0), zp.repeat(3), scale.repeat(3), packed, None)
@@ -162,7 +176,7 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"blockwise_matvec", "blockwise_tiles", "blockwise_tiles_parallel",
-                          "channelwise", "scale_sums", "quantize_rows"}
+    assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "blockwise_tiles",
+                          "blockwise_tiles_parallel", "channelwise", "scale_sums", "quantize_rows"}
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

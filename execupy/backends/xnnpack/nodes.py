@@ -393,6 +393,11 @@ def _requant_scale(x_val, w_scales: np.ndarray, out_val) -> np.ndarray:
     return (F32(x_val.quant.scale[0]) * w_scales.astype(F32) / F32(out_val.quant.scale[0])).astype(F32)
 
 
+def _reordered(quantized: tuple) -> tuple:
+    q, scale, zero_point = quantized  # quantize_rows' order -> the products' (q, zero point, scale)
+    return q, zero_point, scale
+
+
 def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     """qd8 input x qc8w/qc4w/qb4w filter -> fp32, with XNNPACK's own arithmetic bit for bit
     (execupy/kernels/fast/xnnpack_gemm.py says what that is)."""
@@ -410,18 +415,20 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
         if n_in // scales.shape[1] > XG.MAX_EXACT_BLOCK:
             raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with blocks of {n_in // scales.shape[1]} "
                                            f"inputs (execupy sums a block exactly up to {XG.MAX_EXACT_BLOCK})")
-        product = XG.bind_blockwise(XG.pack_blockwise(w_signed, scales), bias)
+        packed = XG.pack_blockwise(w_signed, scales)
+        product = XG.bind_blockwise(packed, bias)
+        from_float = XG.bind_blockwise_from_float(packed, bias)
     else:
         w_scale = scales.reshape(n_out).astype(F32)
         product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
+        from_float = lambda x: product(*_reordered(XG.quantize_rows(x)))
 
     clamp = (lambda y: y) if lo == -np.inf and hi == np.inf else (lambda y: np.clip(y, lo, hi))
     src = g.fused_quantize.get(x_id)
     if src is not None:
         def step_quantizing(vals: list) -> None:
             x = vals[src]  # fp32: the Convert to qdint8 before this node, done here (Q.quantize_dynamic)
-            q, scale, zero_point = XG.quantize_rows(x.reshape(-1, n_in))
-            vals[out] = clamp(product(q, zero_point, scale)).reshape(*x.shape[:-1], n_out)
+            vals[out] = clamp(from_float(x.reshape(-1, n_in))).reshape(*x.shape[:-1], n_out)
 
         return step_quantizing
 

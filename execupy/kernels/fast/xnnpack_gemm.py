@@ -229,6 +229,12 @@ def _compile() -> Optional[dict[str, Callable]]:
                           w if w.nbytes >= quantized.SHARE_MIN_BYTES else None, threads)
         return out
 
+    def blockwise_matvec_from_float(x, w: BlockwiseWeight, bias, out):
+        """blockwise_matvec of quantize_rows(x) (x float32 [M, K], C order), in one compiled call."""
+        SECOND_THREAD.run(K.blockwise_matvec_from_float, (x, w.words, w.scales, w.ksum, bias, w.block, out),
+                          w if w.nbytes >= quantized.SHARE_MIN_BYTES else None)
+        return out
+
     def channelwise(q, zp, x_scale, w, w_scale, bias):
         m, n = q.shape[0], w.shape[0]
         out = np.empty((m, n), F32)
@@ -240,7 +246,8 @@ def _compile() -> Optional[dict[str, Callable]]:
                      w_scale.astype(F32), bias, out)
         return out
 
-    return {"blockwise": blockwise, "blockwise_matvec": blockwise_matvec, "channelwise": channelwise,
+    return {"blockwise": blockwise, "blockwise_matvec": blockwise_matvec,
+            "blockwise_matvec_from_float": blockwise_matvec_from_float, "channelwise": channelwise,
             "quantize_rows": quantize_rows}
 
 
@@ -259,6 +266,28 @@ def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[
         return general(q, zp, x_scale, w, bias)
 
     return product
+
+
+def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """x float32 [M, K] -> quantize_rows(x) times w (+ bias): a Convert to qdint8 fused into the
+    FullyConnected that reads it. A decode step's few rows take one compiled call."""
+    product = bind_blockwise(w, bias)
+
+    def quantized_product(x: np.ndarray) -> np.ndarray:
+        q, scale, zero_point = quantize_rows(x)
+        return product(q, zero_point, scale)
+
+    if NUMBA is None:
+        return quantized_product
+    matvec = NUMBA["blockwise_matvec_from_float"]
+    bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
+
+    def from_float(x: np.ndarray) -> np.ndarray:
+        if x.shape[0] < MATVEC_MAX_ROWS and x.dtype == F32 and x.flags.c_contiguous:
+            return matvec(x, w, bias_or_zeros, np.empty((x.shape[0], w.n), F32))
+        return quantized_product(x)
+
+    return from_float
 
 
 # Compiled where the grouped kernels are (numba installed, EXECUPY_NUMBA not 0).

@@ -66,6 +66,16 @@ def blockwise_matvec(ctrl, xbuf, scratch, q, zp, x_scale, words, scales, ksum, b
     return taken_back
 
 
+@numba.njit(cache=True, nogil=True)
+def blockwise_matvec_from_float(ctrl, xbuf, scratch, x, words, scales, ksum, bias, block, out, share):
+    """blockwise_matvec of x float32 [M, K] quantized first (quantize_rows): a Convert fused into
+    its FullyConnected, in one call where a decode step made three."""
+    m = x.shape[0]
+    q, scale, zero = np.empty(x.shape, np.int8), np.empty(m, np.float32), np.empty(m, np.int32)
+    quantize_rows(x, q, scale, zero)
+    return blockwise_matvec(ctrl, xbuf, scratch, q, zero, scale, words, scales, ksum, bias, block, out, share)
+
+
 # ---------------------------------------------------------------- many rows: a tile of weights at a time
 
 
@@ -182,6 +192,6 @@ def quantize_rows(x, q, scale, zero):
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
 # the helpers are compiled into the kernels that call them).
-KERNELS = {"blockwise_matvec": blockwise_matvec,
+KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float,
            "blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel, "channelwise": channelwise, "scale_sums": scale_sums,
            "quantize_rows": quantize_rows}
