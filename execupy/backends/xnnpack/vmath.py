@@ -116,9 +116,9 @@ _SIGMOID = _compile_sigmoid()
 
 def _compile_rsqrt():
     try:
-        from llvmlite import binding
+        from ...kernels.fast.vnni_jit import target_has
 
-        if not binding.get_host_cpu_features().get("avx512f", False):
+        if not target_has("avx512f"):
             return None, None
         from . import vmath_jit  # module level: numba's disk cache finds its kernels (closures missed it)
     except ImportError:

@@ -24,17 +24,20 @@ from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 
-def _host_has_vnni() -> bool:
+def target_has(*features: str) -> bool:
+    """Whether numba compiles for a CPU with all these features (LLVM's names): the host's own,
+    unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target, where nothing is assumed
+    (LLVM aborts the process on an instruction its target lacks)."""
     if config.CPU_NAME not in (None, "host") or config.CPU_FEATURES is not None:
         return False
     try:
-        features = binding.get_host_cpu_features()
+        host = binding.get_host_cpu_features()
     except RuntimeError:  # llvmlite cannot read them on this platform
         return False
-    return bool(features.get("avx512vnni")) and bool(features.get("avx512f"))
+    return all(host.get(f, False) for f in features)
 
 
-VNNI = _host_has_vnni()
+VNNI = target_has("avx512f", "avx512vnni")
 LANES = 16  # output columns per instruction (512-bit registers of int32)
 
 _I32 = ir.IntType(32)
