@@ -19,7 +19,7 @@ def _activations(rng, m: int, k: int):
     return q, zp, scale
 
 
-# the last three share half their blocks with the second thread (from quantized.SHARE_MIN_BYTES of weight)
+# the last three share half their panels with the second thread (from quantized.SHARE_MIN_BYTES of weight)
 @pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96),
                                            (4, 4000, 576, 32), (1, 1000, 576, 32), (1, 8192, 576, 32)])
 @pytest.mark.parametrize("with_bias", [True, False])

@@ -31,7 +31,7 @@ from . import second_thread_jit as K
 SPIN_CYCLES = 10_000_000
 # The most floats of x and of the second half's results a shared call may have (the second
 # thread's copy of x and its results live in buffers of this size, whose pages are touched only
-# as used): an XNNPACK output head's second half of block sums, 9 blocks x 49152, fits.
+# as used): room for the second half of any LLM head's outputs (SmolLM2's is 24576 floats).
 MAX_SHARED = 1 << 20
 CORES = numba.config.NUMBA_NUM_THREADS  # NUMBA_NUM_THREADS=1: nothing is shared
 

@@ -10,8 +10,8 @@ A job is one weight's mat-vec in two halves, each one contiguous half of the wei
 hardware prefetcher streams (split so that each thread read half of every row, two threads
 were slower than one). A quantized weight (`quantized_jit`'s layouts, [k, n]) is cut into the
 first and second half of its input rows, each summed into its own buffer, then
-`out = first + second`; an XNNPACK qb4w weight likewise into halves of its blocks, whose exact
-sums the caller then chains in order (xnnpack_gemm_jit); a float32 weight [n, k] into halves
+`out = first + second`; an XNNPACK qb4w weight into halves of its panels of output columns
+(blockwise_jit: each panel's outputs computed alone); a float32 weight [n, k] into halves
 of its output rows; a decode attention (attention_jit) into the first and second half of its
 query heads, each head computed alone. The same two halves are computed (and combined) the same
 way whoever runs them, so one thread and two give bit-identical results.

@@ -28,8 +28,8 @@ _M4 = np.uint32(15)
 
 @numba.njit(cache=True, nogil=True)
 def blockwise_matvec(ctrl, xbuf, scratch, q, zp, x_scale, words, scales, ksum, bias, block, out, share):
-    """out [M, N] for a few rows, XNNPACK's steps in its order (xnnpack_gemm.py), a panel of 16
-    outputs at a time (blockwise_jit). With `share` the second core's thread (second_thread_jit)
+    """out [M, N] for a few rows, XNNPACK's steps in its order (xnnpack_gemm.py), a panel of
+    PANEL outputs at a time (blockwise_jit). With `share` the second core's thread (second_thread_jit)
     may run the second half of the panels into `scratch`; a panel's bits do not depend on who
     runs it. Returns the halves taken back."""
     m, k = q.shape
