@@ -333,13 +333,16 @@ class Alias:
         view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
         if static and all(s for s, _ in params):
             try:
-                made = view(src, *(p for _, p in params))
+                seen = strided(src, *(p for _, p in params))
+                made = np.ascontiguousarray(seen)
             except Exception:  # a malformed view: leave the error to the call, as the copy kernel would
                 made = None
             # Made once: of a constant, or a true view of a planned array (whose bytes it reads
             # when the consumer runs); a copy of a planned array must be made at each read.
             if made is not None and (self.constant or np.may_share_memory(made, src)):
                 return True, made
+            if made is not None and np.may_share_memory(seen, src):  # the strided view made once, copied
+                return False, lambda: np.ascontiguousarray(seen)  # at each read (RoPE's halves of q, k)
         # Otherwise made at each read: a reshape of a strided array is a copy, not a view.
         getters = [(lambda p=p: p) if s else p for s, p in params]
         get_src = (lambda: src) if static else src
