@@ -39,24 +39,21 @@ def target_has(*features: str) -> bool:
 
 VNNI = target_has("avx512f", "avx512vnni")
 LANES = 16  # output columns per instruction (512-bit registers of int32)
-
-_I32 = ir.IntType(32)
-_BYTES = ir.IntType(8).as_pointer()
-_V16 = ir.VectorType(_I32, LANES)
-
-
-def _splat(builder, x):
-    one = builder.insert_element(ir.Constant(_V16, ir.Undefined), x, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, [0] * LANES))
-
-
-_F32, _F64 = ir.FloatType(), ir.DoubleType()
-_V16F, _V16D = ir.VectorType(_F32, LANES), ir.VectorType(_F64, LANES)
 PANEL = 64  # output columns per panel: four registers, whose chains of fmas run side by side
 VECTORS = PANEL // LANES
 # Each word row asks for the row 2 KiB ahead: a panel's rows from memory took longer than its
 # arithmetic plus the read (1536 x 576, 30 us against 8.6 in cache); with it 21-26 us on one thread.
 PREFETCH_BYTES = 2048
+
+_I32, _F32, _F64 = ir.IntType(32), ir.FloatType(), ir.DoubleType()
+_BYTES = ir.IntType(8).as_pointer()
+_V16, _V16F, _V16D = ir.VectorType(_I32, LANES), ir.VectorType(_F32, LANES), ir.VectorType(_F64, LANES)
+
+
+def _splat(builder, x, vector=_V16):
+    """x in every lane of a `vector`."""
+    one = builder.insert_element(ir.Constant(vector, ir.Undefined), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), ir.Constant(_V16, [0] * LANES))
 
 
 def _vector_at(context, builder, array_type, array, indices):
@@ -112,10 +109,7 @@ def panel_chain(typingctx, words, xbytes, shifts, scales, per_block, p, v, i):
                     total = builder.call(dot, [builder.load(acc), even, builder.and_(w, low_nibbles)])
                     total = builder.call(dot, [total, odd, builder.and_(builder.lshr(w, four), low_nibbles)])
                     builder.store(total, acc)
-            shift = _item(context, builder, shifts_t, sh_arr, [b])
-            shift = builder.shuffle_vector(builder.insert_element(ir.Constant(_V16F, ir.Undefined), shift,
-                                                                  ir.Constant(_I32, 0)),
-                                           ir.Constant(_V16F, ir.Undefined), ir.Constant(_V16, [0] * LANES))
+            shift = _splat(builder, _item(context, builder, shifts_t, sh_arr, [b]), _V16F)
             for c, acc, v in zip(columns, accs, vs):
                 sums = builder.fsub(builder.sitofp(builder.load(acc), _V16F), shift)  # exact: below 2**24
                 scale = builder.load(_vector_at(context, builder, scales_t, sc_arr, [p, b, c]), align=4)
