@@ -393,11 +393,6 @@ def _requant_scale(x_val, w_scales: np.ndarray, out_val) -> np.ndarray:
     return (F32(x_val.quant.scale[0]) * w_scales.astype(F32) / F32(out_val.quant.scale[0])).astype(F32)
 
 
-def _reordered(quantized: tuple) -> tuple:
-    q, scale, zero_point = quantized  # quantize_rows' order -> the products' (q, zero point, scale)
-    return q, zero_point, scale
-
-
 def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     """qd8 input x qc8w/qc4w/qb4w filter -> fp32, with XNNPACK's own arithmetic bit for bit
     (execupy/kernels/fast/xnnpack_gemm.py says what that is)."""
@@ -421,7 +416,7 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     else:
         w_scale = scales.reshape(n_out).astype(F32)
         product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
-        from_float = lambda x: product(*_reordered(XG.quantize_rows(x)))
+        from_float = XG.quantizing(product)
 
     clamp = (lambda y: y) if lo == -np.inf and hi == np.inf else (lambda y: np.clip(y, lo, hi))
     src = g.fused_quantize.get(x_id)

@@ -112,7 +112,7 @@ CLAIM = 8  # SEQ * 2 + 1 once the second half is claimed (by either thread: a co
 RESULT = 16  # SEQ * 4 + PENDING, DONE (the second thread's half is in `scratch`) or TAKEN_BACK
 STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
 JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n.
-# BLOCKWISE: words, scales, ksum; k, n (panels * 16), -, block (and zp + 128 in xbuf[k]). ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
+# BLOCKWISE: words, scales, ksum; k, n (panels * PANEL), -, block (and zp + 128 in xbuf[k]). ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
 # ATTENTION_BLOCK; the query in xbuf[:H * D], its scale after it)
 # WHOLE: a GROUPED weight's whole mat-vec (the second of a pair reading the same x), fields as GROUPED.
 KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w), ATTENTION, WHOLE

@@ -268,15 +268,19 @@ def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[
     return product
 
 
-def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """x float32 [M, K] -> quantize_rows(x) times w (+ bias): a Convert to qdint8 fused into the
-    FullyConnected that reads it. A decode step's few rows take one compiled call."""
-    product = bind_blockwise(w, bias)
-
+def quantizing(product: Callable) -> Callable[[np.ndarray], np.ndarray]:
+    """x float32 [M, K] -> product(q, zero point, scale) of quantize_rows(x): a Convert to qdint8
+    fused into the product that reads it."""
     def quantized_product(x: np.ndarray) -> np.ndarray:
         q, scale, zero_point = quantize_rows(x)
         return product(q, zero_point, scale)
 
+    return quantized_product
+
+
+def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """`quantizing(bind_blockwise(w, bias))`, where a decode step's few rows take one compiled call."""
+    quantized_product = quantizing(bind_blockwise(w, bias))
     if NUMBA is None:
         return quantized_product
     matvec = NUMBA["blockwise_matvec_from_float"]
