@@ -1,9 +1,9 @@
 """numba's disk cache for our kernels, invalidated when any file of the kernel's folder changes.
 
 numba checks a cached function against the text of its own file only. A kernel that calls a
-function of another file (second_thread_jit and xnnpack_gemm_jit call quantized_jit's block
-sums, say) has that function compiled into it, and kept its old machine code after the other
-file changed: a new version of execupy, or of a kernel here, would have run the old code.
+function of another file (blockwise_jit calls quantized_jit's exact_nibble_sums, say) has that
+function compiled into it, and kept its old machine code after the other file changed: a new
+version of execupy, or of a kernel here, would have run the old code.
 Each *_jit module imports this first, before its kernels are decorated; their cache entries are
 then stamped with the text of every .py file in their folder (~1 ms to read, once a process).
 """

@@ -14,8 +14,7 @@ import numpy as np
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .blockwise_jit import PANEL, activation_bytes, blockwise_panels
 from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
-from .xnnpack_gemm import TILE  # defined before xnnpack_gemm imports this module
-from .xnnpack_gemm import PANEL as LAID_OUT
+from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
 assert LAID_OUT == PANEL and TILE % PANEL == 0
 
