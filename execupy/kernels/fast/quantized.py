@@ -56,6 +56,24 @@ BLAS_MIN_ROWS = 4
 BLAS_SLICE_COLUMNS = 2048
 
 
+# Output columns per panel of a 4-bit weight: a decode mat-vec keeps a panel's running sums in
+# four 16-lane registers (xnnpack_gemm's qb4w weights use the same panels).
+PANEL = 64
+
+
+def panels(a: np.ndarray) -> np.ndarray:
+    """[R, N] -> [ceil(N / PANEL), R, PANEL], contiguous, the columns past N zero."""
+    rows, n = a.shape
+    padded = np.zeros((rows, -(-n // PANEL) * PANEL), a.dtype)
+    padded[:, :n] = a
+    return np.ascontiguousarray(padded.reshape(rows, -1, PANEL).transpose(1, 0, 2))
+
+
+def unpanel(a: np.ndarray, n: int) -> np.ndarray:
+    """panels undone: [P, R, PANEL] -> [R, n]."""
+    return a.transpose(1, 0, 2).reshape(a.shape[1], -1)[:, :n]
+
+
 @dataclass
 class PackedWeight:
     """A grouped quantized weight laid out once, at load, for `qlinear`: w = q * scale + offset.
@@ -66,23 +84,29 @@ class PackedWeight:
     decode reads every weight byte once per token, so half the bytes is close to half the time,
     and a word's rows come out with a shift and a mask in the lane that uses them (with two
     rows per byte, widening bytes to 32-bit lanes took a shuffle per 16 weights; the words
-    made a cold 576x576 mat-vec 2x faster). 8-bit weights go four rows to an int32 word the same
-    way (each byte sign-extended by two shifts in its lane: 1.8-2.4x on SmolLM2's small shapes);
-    only a group size that is not a multiple of 4 keeps one int8 row per input."""
+    made a cold 576x576 mat-vec 2x faster). Their words, scales and offsets are cut into panels
+    of PANEL output columns, [N/64, rows, 64]: a panel's rows are one run of memory that the
+    mat-vec streams while its 64 sums stay in registers (from memory, one thread, SmolLM2's
+    1536x576 41 -> 29 us, 576x1536 40 -> 31, 576x576 17 -> 14 against [K/8, N] rows, whose
+    2-4 KiB strides the prefetcher followed worse), and each of two threads takes whole panels.
+    8-bit weights go four rows to an int32 word the same way, unpanelled (each byte sign-extended
+    by two shifts in its lane: 1.8-2.4x on SmolLM2's small shapes); only a group size that is not
+    a multiple of 4 keeps one int8 row per input."""
 
     # rows_per_word 1: int8 [K, N]; 4: int32 [K/4, N], row 4i + r in byte r (signed);
-    # 8: uint32 [K/8, N], row 8i + r in bits 4r..4r+3
+    # 8: uint32 panels [P, K/8, PANEL], row 8i + r in bits 4r..4r+3
     qt: np.ndarray
-    scales: np.ndarray  # float32 [K / group_size, N]
-    offsets: np.ndarray  # float32 [K / group_size, N]: min - zero * scale (- shift * scale for nibbles)
+    scales: np.ndarray  # float32 [K / group_size, N] (nibbles: panels [P, K / group_size, PANEL])
+    offsets: np.ndarray  # float32, as scales: min - zero * scale (- shift * scale for nibbles)
     group_size: int
     k: int
+    n: int
     rows_per_word: int
     serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see kernels/cores.py
 
     @property
     def nibbles(self) -> bool:
-        """4-bit rows, eight to a word."""
+        """4-bit rows, eight to a word, in panels."""
         return self.rows_per_word == 8
 
     @property
@@ -93,7 +117,7 @@ class PackedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         """(N, K), the shape of the weight it stands for."""
-        return self.qt.shape[1], self.k
+        return self.n, self.k
 
 
 def pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_size: int,
@@ -115,9 +139,8 @@ def _pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_
     shift = 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None  # int4 or uint4 values
     if shift is None or group_size % 8:
         return _pack_bytes(q, s, offsets, group_size)
-    packed = _words(q, shift, 4) if NUMBA is not None else nibble_words((q.T + np.int8(shift)).view(np.uint8))
-    return PackedWeight(packed, np.ascontiguousarray(s.T),
-                        np.ascontiguousarray((offsets - np.float32(shift) * s).T), group_size, k, 8)
+    words = _words(q, shift, 4) if NUMBA is not None else nibble_words((q.T + np.int8(shift)).view(np.uint8))
+    return PackedWeight(panels(words), panels(s.T), panels((offsets - np.float32(shift) * s).T), group_size, k, n, 8)
 
 
 def nibble_words(u: np.ndarray) -> np.ndarray:
@@ -151,7 +174,7 @@ def _pack_bytes(q: np.ndarray, s: np.ndarray, offsets: np.ndarray, group_size: i
         qt = words.view(np.int32)
     else:
         qt = np.ascontiguousarray(q.T)
-    return PackedWeight(qt, np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T), group_size, k,
+    return PackedWeight(qt, np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T), group_size, k, n,
                         4 if group_size % 4 == 0 else 1)
 
 
@@ -198,8 +221,11 @@ def _warm_pair(w: PackedWeight) -> PackedWeight:
         return w
     _warm_layouts.add(w.rows_per_word)
     few = min(8, w.shape[0])
-    part = PackedWeight(np.ascontiguousarray(w.qt[:, :few]), np.ascontiguousarray(w.scales[:, :few]),
-                        np.ascontiguousarray(w.offsets[:, :few]), w.group_size, w.k, w.rows_per_word)
+    if w.nibbles:  # the first panel, of which `few` outputs
+        part = PackedWeight(w.qt[:1], w.scales[:1], w.offsets[:1], w.group_size, w.k, few, 8)
+    else:
+        part = PackedWeight(np.ascontiguousarray(w.qt[:, :few]), np.ascontiguousarray(w.scales[:, :few]),
+                            np.ascontiguousarray(w.offsets[:, :few]), w.group_size, w.k, few, w.rows_per_word)
     x, outs = np.zeros((1, w.k), np.float32), np.empty((2, 1, few), np.float32)
     pair = NUMBA["bind_matvec"](x, part, outs[0]).pair_with(NUMBA["bind_matvec"](x, part, outs[1]))
     if pair is not None:
@@ -216,14 +242,21 @@ def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
         for r in range(4):
             rows[r::4] = (w.qt[:, j0:j1] << np.int32(24 - 8 * r)) >> np.int32(24)
         return rows
-    return unpack_nibbles(w.qt[:, j0:j1])
+    return unpack_nibbles(_panel_columns(w.qt, j0, j1))
+
+
+def _panel_columns(a: np.ndarray, j0: int, j1: int) -> np.ndarray:
+    """Columns j0..j1 of panels [P, R, PANEL] as [R, j1 - j0]."""
+    p0, p1 = j0 // PANEL, -(-j1 // PANEL)
+    return unpanel(a[p0:p1], p1 * PANEL - p0 * PANEL)[:, j0 - p0 * PANEL:j1 - p0 * PANEL]
 
 
 def dequantize_columns(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
     """float32 [K, j1 - j0]: columns j0..j1 of the dequantized transposed weight (numpy)."""
     cols = j1 - j0
-    groups = (_integer_rows(w, j0, j1).reshape(-1, w.group_size, cols) * w.scales[:, None, j0:j1]
-              + w.offsets[:, None, j0:j1])
+    scales, offsets = ((_panel_columns(w.scales, j0, j1), _panel_columns(w.offsets, j0, j1)) if w.nibbles
+                       else (w.scales[:, j0:j1], w.offsets[:, j0:j1]))
+    groups = _integer_rows(w, j0, j1).reshape(-1, w.group_size, cols) * scales[:, None] + offsets[:, None]
     return groups.reshape(w.k, cols)
 
 
@@ -316,7 +349,10 @@ def _compile() -> Optional[dict[str, Callable]]:
         for s0 in range(j0, j1, BLAS_SLICE_COLUMNS):
             s1 = min(j1, s0 + BLAS_SLICE_COLUMNS)
             part = scratch[:, : s1 - s0]
-            K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, s0, s1, part)
+            if w.nibbles:
+                K.dequantize_panels(w.qt, w.scales, w.offsets, w.group_size, s0, s1, part)
+            else:
+                K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, s0, s1, part)
             out[:, s0:s1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
 
     def fake_quantize_per_token(x):

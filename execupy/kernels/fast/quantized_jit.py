@@ -7,14 +7,21 @@ was compiled again in every process (0.5 s inside the first forward call per ker
 
 Layouts and arithmetic are those of `PackedWeight` (quantized.py): the weight input-major
 `qt`: int8 rows [K, N], four int8 rows per int32 word [K/4, N] or eight 4-bit rows per uint32
-word [K/8, N] (`rows_per_word` 1, 4, 8), `w = q * scale + offset` per group of rows.
+word in panels [N/64, K/8, 64] (`rows_per_word` 1, 4, 8), `w = q * scale + offset` per group of rows.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .vnni_jit import PANEL, PREFETCH_BYTES
+
+_I32, _BYTES = ir.IntType(32), ir.IntType(8).as_pointer()
 
 _M4 = np.uint32(15)
 _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
@@ -106,26 +113,54 @@ def nibble_dot(v, x0, x1, x2, x3, x4, x5, x6, x7):
             + x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28)))
 
 
+@intrinsic
+def _prefetch_row(typingctx, words, p, r):
+    """Ask for the bytes PREFETCH_BYTES past words[p, r, 0] (uint32 panels [P, R, PANEL]): a
+    row's four cache lines, eight rows ahead. A prefetch never faults, past the end included."""
+    def codegen(context, builder, sig, args):
+        words_t = sig.args[0]
+        array = context.make_array(words_t)(context, builder, args[0])
+        zero = ir.Constant(cgutils.intp_t, 0)
+        at = builder.bitcast(cgutils.get_item_pointer(context, builder, words_t, array, [args[1], args[2], zero],
+                                                      wraparound=False), _BYTES)
+        prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every cache level, data)
+            builder.module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+        for line in range(0, 4 * PANEL, 64):
+            ahead = builder.gep(at, [ir.Constant(cgutils.intp_t, PREFETCH_BYTES + line)])
+            builder.call(prefetch, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.void(words, p, r), codegen
+
+
 @numba.njit(cache=True, fastmath=True)
-def _nibble_columns(x, qt, scales, offsets, group_size, c0, c1, out):
-    # _int8_columns on eight rows per uint32 word, row 8i + r in bits 4r..4r+3 (group_size % 8 == 0).
-    # The words stay uint32 (explicit casts): numba would widen the shifts to int64 and halve the lanes.
-    n = out.shape[0]
-    total = np.zeros(n, np.float32)
-    acc = np.empty(n, np.float32)
-    for g in range(c0 // group_size, -(-c1 // group_size)):
-        acc[:] = 0
-        lo, hi = max(c0, g * group_size), min(c1, (g + 1) * group_size)
-        for b in range(lo // 8, hi // 8):
-            c = 8 * b
-            x0, x1, x2, x3, x4, x5, x6, x7 = x[c], x[c + 1], x[c + 2], x[c + 3], x[c + 4], x[c + 5], x[c + 6], x[c + 7]
-            row = qt[b]
-            for j in range(n):
-                acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
-        xs, sg, og = x[lo:hi].sum(), scales[g], offsets[g]
-        for j in range(n):
-            total[j] += acc[j] * sg[j] + og[j] * xs
-    out[:] = total
+def nibble_panels(x, words, scales, offsets, group_size, p0, p1, out):
+    """out[j] = x @ w[j].T for the outputs j of panels p0..p1 below out.shape[0] (a padded
+    panel's extra columns are not written): words uint32 [P, K/8, PANEL], scales and offsets
+    float32 [P, K / group_size, PANEL] (quantized.PackedWeight); group_size % 8 == 0."""
+    n, per = out.shape[0], group_size // 8
+    groups = scales.shape[1]
+    sums = np.empty(groups, np.float32)  # each group's sum of x, for its offsets
+    for g in range(groups):
+        sums[g] = x[g * group_size:(g + 1) * group_size].sum()
+    acc, total = np.empty(PANEL, np.float32), np.empty(PANEL, np.float32)
+    for p in range(p0, p1):
+        total[:] = 0
+        panel = words[p]
+        for g in range(groups):
+            acc[:] = 0
+            for r in range(g * per, (g + 1) * per):
+                _prefetch_row(words, p, r)
+                c = 8 * r
+                x0, x1, x2, x3, x4, x5, x6, x7 = x[c], x[c + 1], x[c + 2], x[c + 3], x[c + 4], x[c + 5], x[c + 6], x[c + 7]
+                row = panel[r]
+                for j in range(PANEL):
+                    acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
+            sg, og, xs = scales[p, g], offsets[p, g], sums[g]
+            for j in range(PANEL):
+                total[j] += acc[j] * sg[j] + og[j] * xs
+        first = p * PANEL
+        for j in range(min(PANEL, n - first)):
+            out[first + j] = total[j]
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -150,10 +185,8 @@ WIDE_COLUMNS = 4096
 @numba.njit(cache=True)
 def _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, out):
     """out = x @ w.T over the weight's input rows c0..c1 (multiples of rows_per_word), for one
-    row x: the decode mat-vec's halves (second_thread_jit)."""
-    if rows_per_word == 8:
-        _nibble_columns(x, qt, scales, offsets, group_size, c0, c1, out)
-    elif rows_per_word == 4:
+    row x: the decode mat-vec's halves of an 8-bit weight (second_thread_jit)."""
+    if rows_per_word == 4:
         _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, c0, c1, out)
     else:
         _int8_columns(x, qt, scales, offsets, group_size, c0, c1, out)
@@ -161,7 +194,7 @@ def _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, out):
 
 @numba.njit(cache=True, fastmath=True, nogil=True)  # nogil: a prompt's two halves dequantize at once
 def dequantize_columns(qt, scales, offsets, group_size, rows_per_word, j0, j1, dst):
-    """dst [K, j1 - j0] = columns j0..j1 of the float32 transposed weight."""
+    """dst [K, j1 - j0] = columns j0..j1 of the float32 transposed weight (8-bit: rows_per_word 1 or 4)."""
     if rows_per_word == 1:
         for c in range(qt.shape[0]):
             g = c // group_size
@@ -169,33 +202,38 @@ def dequantize_columns(qt, scales, offsets, group_size, rows_per_word, j0, j1, d
             for j in range(j1 - j0):
                 row[j] = np.float32(q[j]) * sg[j] + og[j]
         return
-    if rows_per_word == 4:
-        for b in range(qt.shape[0]):
-            g = 4 * b // group_size  # a word's four rows share a group (group_size % 4 == 0)
-            q, sg, og = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1]
-            d0, d1, d2, d3 = dst[4 * b], dst[4 * b + 1], dst[4 * b + 2], dst[4 * b + 3]
-            for j in range(j1 - j0):
-                v, s, o = q[j], sg[j], og[j]
-                d0[j] = np.float32(np.int32(np.int32(v << _B24) >> _B24)) * s + o
-                d1[j] = np.float32(np.int32(np.int32(v << _B16) >> _B24)) * s + o
-                d2[j] = np.float32(np.int32(np.int32(v << _B8) >> _B24)) * s + o
-                d3[j] = np.float32(np.int32(v >> _B24)) * s + o
-        return
-    for b in range(qt.shape[0]):
-        g = 8 * b // group_size  # a word's eight rows share a group (group_size % 8 == 0)
+    for b in range(qt.shape[0]):  # rows_per_word 4
+        g = 4 * b // group_size  # a word's four rows share a group (group_size % 4 == 0)
         q, sg, og = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1]
+        d0, d1, d2, d3 = dst[4 * b], dst[4 * b + 1], dst[4 * b + 2], dst[4 * b + 3]
+        for j in range(j1 - j0):
+            v, s, o = q[j], sg[j], og[j]
+            d0[j] = np.float32(np.int32(np.int32(v << _B24) >> _B24)) * s + o
+            d1[j] = np.float32(np.int32(np.int32(v << _B16) >> _B24)) * s + o
+            d2[j] = np.float32(np.int32(np.int32(v << _B8) >> _B24)) * s + o
+            d3[j] = np.float32(np.int32(v >> _B24)) * s + o
+
+
+@numba.njit(cache=True, fastmath=True, nogil=True)
+def dequantize_panels(words, scales, offsets, group_size, j0, j1, dst):
+    """dequantize_columns of a 4-bit weight in panels (nibble_panels' layout)."""
+    for b in range(words.shape[1]):
+        g = 8 * b // group_size  # a word's eight rows share a group (group_size % 8 == 0)
         d0, d1, d2, d3 = dst[8 * b], dst[8 * b + 1], dst[8 * b + 2], dst[8 * b + 3]
         d4, d5, d6, d7 = dst[8 * b + 4], dst[8 * b + 5], dst[8 * b + 6], dst[8 * b + 7]
-        for j in range(j1 - j0):  # constant shifts, all eight rows in one pass: 4x a loop per row
-            v, s, o = q[j], sg[j], og[j]
-            d0[j] = np.float32(np.int32(v & _M4)) * s + o
-            d1[j] = np.float32(np.int32((v >> _S4) & _M4)) * s + o
-            d2[j] = np.float32(np.int32((v >> _S8) & _M4)) * s + o
-            d3[j] = np.float32(np.int32((v >> _S12) & _M4)) * s + o
-            d4[j] = np.float32(np.int32((v >> _S16) & _M4)) * s + o
-            d5[j] = np.float32(np.int32((v >> _S20) & _M4)) * s + o
-            d6[j] = np.float32(np.int32((v >> _S24) & _M4)) * s + o
-            d7[j] = np.float32(np.int32(v >> _S28)) * s + o
+        for p in range(j0 // PANEL, -(-j1 // PANEL)):
+            q, sg, og = words[p, b], scales[p, g], offsets[p, g]
+            for i in range(max(j0 - p * PANEL, 0), min(j1 - p * PANEL, PANEL)):
+                j = p * PANEL + i - j0  # constant shifts, all eight rows in one pass: 4x a loop per row
+                v, s, o = q[i], sg[i], og[i]
+                d0[j] = np.float32(np.int32(v & _M4)) * s + o
+                d1[j] = np.float32(np.int32((v >> _S4) & _M4)) * s + o
+                d2[j] = np.float32(np.int32((v >> _S8) & _M4)) * s + o
+                d3[j] = np.float32(np.int32((v >> _S12) & _M4)) * s + o
+                d4[j] = np.float32(np.int32((v >> _S16) & _M4)) * s + o
+                d5[j] = np.float32(np.int32((v >> _S20) & _M4)) * s + o
+                d6[j] = np.float32(np.int32((v >> _S24) & _M4)) * s + o
+                d7[j] = np.float32(np.int32(v >> _S28)) * s + o
 
 
 @numba.njit(cache=True)
@@ -247,5 +285,5 @@ def pack_rows(q, shift, bits, words):
 
 
 # Every compiled kernel by name (the cache test runs each and reads its dispatcher's stats).
-KERNELS = {"dequantize_columns": dequantize_columns,
+KERNELS = {"dequantize_columns": dequantize_columns, "dequantize_panels": dequantize_panels,
            "fake_quantize_per_token": fake_quantize_per_token, "pack_rows": pack_rows}

@@ -8,10 +8,11 @@ on a control block between calls, so handing it a job costs a cache line's trip 
 
 A job is one weight's mat-vec in two halves, each one contiguous half of the weight, which the
 hardware prefetcher streams (split so that each thread read half of every row, two threads
-were slower than one). A quantized weight (`quantized_jit`'s layouts, [k, n]) is cut into the
+were slower than one). An 8-bit weight (`quantized_jit`'s layouts, [k, n]) is cut into the
 first and second half of its input rows, each summed into its own buffer, then
-`out = first + second`; an XNNPACK qb4w weight into halves of its panels of output columns
-(blockwise_jit: each panel's outputs computed alone); a float32 weight [n, k] into halves
+`out = first + second`; a 4-bit one into halves of its panels of output columns, each half's
+buffer 0 at the other's outputs (the same sum, exact); an XNNPACK qb4w weight into halves of
+its panels (blockwise_jit: each panel's outputs computed alone); a float32 weight [n, k] into halves
 of its output rows; a decode attention (attention_jit) into the first and second half of its
 query heads, each head computed alone. The same two halves are computed (and combined) the same
 way whoever runs them, so one thread and two give bit-identical results.
@@ -35,7 +36,7 @@ from numba.extending import intrinsic
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .attention_jit import decode_attention_heads
 from .blockwise_jit import PANEL, activation_bytes, blockwise_panels
-from .quantized_jit import _columns
+from .quantized_jit import _columns, nibble_panels
 
 # ---------------------------------------------------------------------------- atomics (LLVM)
 # numba has no atomics or raw pointers in nopython code; these emit the LLVM instructions.
@@ -142,6 +143,18 @@ def _half(x, qt, scales, offsets, group_size, rows_per_word, half, part):
     _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, part)
 
 
+@numba.njit(cache=True, inline="always")
+def _panel_half(x, words, scales, offsets, group_size, half, part):
+    """part = x @ w.T for a 4-bit weight in panels (quantized_jit.nibble_panels) over half 0 (the
+    first half of its panels) or half 1 (the rest), the other half's outputs 0: the halves' sum
+    is the product, exactly (v + 0 is v), whichever thread ran each."""
+    panels = words.shape[0]
+    middle = panels // 2
+    p0, p1 = (0, middle) if half == 0 else (middle, panels)
+    part[:] = 0
+    nibble_panels(x, words, scales, offsets, group_size, p0, p1, part)
+
+
 @numba.njit(cache=True, fastmath=True)
 def dense_rows(w, x, r0, r1, out):
     """out[r - r0] = w[r] @ x for the rows r0..r1 of a float32 weight [n, k], four rows at a time
@@ -193,14 +206,20 @@ _I64 = types.int64
 
 @numba.cfunc(types.void(*[_I64] * 11), cache=True)
 def _grouped_half_c(x, qt, scales, offsets, k, n, groups, group_size, rows_per_word, half, part):
-    # _half: x [k], qt (quantized_jit's layout for rows_per_word), scales and offsets [groups, n], part [n]
+    # _half or _panel_half: x [k], qt (quantized_jit's layout for rows_per_word), scales and
+    # offsets [groups, n] (4-bit: panels [P, k / group_size, PANEL]), part [n]
     xs = numba.carray(_pointer(x), (k,), np.float32)
-    s = numba.carray(_pointer(scales), (groups, n), np.float32)
-    o = numba.carray(_pointer(offsets), (groups, n), np.float32)
     out = numba.carray(_pointer(part), (n,), np.float32)
     if rows_per_word == 8:
-        _half(xs, numba.carray(_pointer(qt), (k // 8, n), np.uint32), s, o, group_size, 8, half, out)
-    elif rows_per_word == 4:
+        panels = -(-n // PANEL)
+        shape = (panels, k // group_size, PANEL)
+        _panel_half(xs, numba.carray(_pointer(qt), (panels, k // 8, PANEL), np.uint32),
+                    numba.carray(_pointer(scales), shape, np.float32), numba.carray(_pointer(offsets), shape, np.float32),
+                    group_size, half, out)
+        return
+    s = numba.carray(_pointer(scales), (groups, n), np.float32)
+    o = numba.carray(_pointer(offsets), (groups, n), np.float32)
+    if rows_per_word == 4:
         _half(xs, numba.carray(_pointer(qt), (k // 4, n), np.int32), s, o, group_size, 4, half, out)
     else:
         _half(xs, numba.carray(_pointer(qt), (k, n), np.int8), s, o, group_size, 1, half, out)

@@ -54,7 +54,7 @@ MATVEC_MAX_ROWS = 4
 MAX_EXACT_BLOCK = (1 << 24) // (255 * 15)
 
 
-PANEL = 64  # output columns per panel of a BlockwiseWeight (vnni_jit: four vector registers of int32)
+PANEL = quantized.PANEL  # output columns per panel of a BlockwiseWeight (vnni_jit: four vector registers of int32)
 
 
 @dataclass
@@ -85,20 +85,11 @@ class BlockwiseWeight:
 
     def column_words(self) -> np.ndarray:
         """words as uint32 [K/8, N] (one row of words per eight inputs)."""
-        return _unpanel(self.words)[:, :self.n]
+        return quantized.unpanel(self.words, self.n)
 
     def column_scales(self) -> np.ndarray:
         """scales as float32 [K / block, N]."""
-        return _unpanel(self.scales)[:, :self.n]
-
-
-def _panels(a: np.ndarray) -> np.ndarray:
-    """[R, N] (N a multiple of PANEL) -> [N / PANEL, R, PANEL], contiguous."""
-    return np.ascontiguousarray(a.reshape(a.shape[0], -1, PANEL).transpose(1, 0, 2))
-
-
-def _unpanel(a: np.ndarray) -> np.ndarray:
-    return a.transpose(1, 0, 2).reshape(a.shape[1], -1)
+        return quantized.unpanel(self.scales, self.n)
 
 
 def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
@@ -114,9 +105,7 @@ def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
     padded = -(-n // PANEL) * PANEL
     stored = np.full((k, padded), 8, np.uint8)  # the padding's weights are 0, its scales 0
     stored[:, :n] = (np.asarray(w, np.int8).T + np.int8(8)).view(np.uint8)
-    block_scales = np.zeros((scales.shape[1], padded), F32)
-    block_scales[:, :n] = scales.T
-    return BlockwiseWeight(_panels(quantized.nibble_words(stored)), _panels(block_scales),
+    return BlockwiseWeight(quantized.panels(quantized.nibble_words(stored)), quantized.panels(scales.T),
                            np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n)
 
 
