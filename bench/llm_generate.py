@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import blas_core  # noqa: E402  (bench/, on the path just above)
+
 PROMPT_TEXT = ("The history of computing is a story of people who wanted machines to do arithmetic, "
                "then to remember, then to talk. ")
 MAX_SEQ_LEN = 512  # the KV cache of every program (ExecuTorch's exports too)
@@ -107,8 +109,11 @@ def last_line(text: str) -> str:
     return lines[-1][:160] if lines else "(no output)"
 
 
+KEEP_BLAS_PIN = False  # --keep-blas-core (blas_core.py)
+
+
 def execupy_env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return blas_core.engine_env(KEEP_BLAS_PIN, PYTHONPATH=str(ROOT))
 
 
 def execupy_cli() -> list[str]:
@@ -488,7 +493,11 @@ def main() -> int:
     ap.add_argument("--only", action="append", metavar="TEXT", help="only engines whose name contains TEXT")
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache/execupy/bench")
     ap.add_argument("--chart", type=Path, help="write the chart here (PNG; default WORK/llm_generate.png)")
+    ap.add_argument("--keep-blas-core", action="store_true",
+                    help="run execupy with OPENBLAS_CORETYPE as the environment has it (default: removed; blas_core.py)")
     args = ap.parse_args()
+    global KEEP_BLAS_PIN
+    KEEP_BLAS_PIN = args.keep_blas_core
 
     from execupy.llm.loaders import smollm2_gguf_path
 
@@ -508,6 +517,7 @@ def main() -> int:
              f"{args.repeat} after {args.warmup} warm-up; {os.cpu_count()} cores, "
              f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print(title)
+    print(f"numpy's OpenBLAS in execupy's runs: {blas_core.chosen_core(execupy_env())}")
     print("\n".join(table(rows, args.new_tokens)))
     for note in dict.fromkeys(bench.notes):
         print(f"note: {note}")
