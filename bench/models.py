@@ -46,6 +46,8 @@ from typing import Callable
 
 import numpy as np
 
+import blas_core  # bench/, this script's folder
+
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_PYTHON = Path(os.environ.get("EXECUPY_REFERENCE_VENV", Path.home() / ".cache/execupy-reference")) \
     / "bin" / "python"
@@ -312,8 +314,13 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20, help="timed calls per program per round (median)")
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache/execupy/bench/models",
                     help="where the exported programs are kept")
+    ap.add_argument("--keep-blas-core", action="store_true",
+                    help="keep OPENBLAS_CORETYPE as the environment has it (default: removed; blas_core.py)")
     ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not (args.keep_blas_core or args.reference_worker) and blas_core.PIN in os.environ:
+        # our side runs in this process, whose numpy has loaded OpenBLAS already: start again without the pin
+        os.execve(sys.executable, [sys.executable, *sys.argv], blas_core.engine_env(False))
     models = [m for m in args.models.split(",") if m]
     if not set(models) <= set(MODELS):
         sys.exit(f"unknown model in {models}; known: {', '.join(MODELS)}")
@@ -333,6 +340,7 @@ def main() -> int:
         rounds.append({**theirs, **time_ours(models, args.work, args.calls)})
     print(f"latency per forward call, median of {args.calls} calls x {args.rounds} rounds; {os.cpu_count()} cores, "
           f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(f"numpy's OpenBLAS in our runs: {blas_core.chosen_core(dict(os.environ))}")
     print("\n".join(report(models, rounds, args.work)))
     return 0
 
