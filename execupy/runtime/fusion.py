@@ -523,13 +523,28 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
     if direct is not None:
         return direct
 
+    compiled = _compiled_decode()
+
     def add_rms_norm_step():
-        total = np.add(ga(), gb())
-        normed = rms_norm(total, ge(), gw())
+        xa, xb, eps, w = ga(), gb(), ge(), gw()
+        if compiled is not None and _rows_alike(xa, xb) and w.dtype == np.float32 and w.size == xa.shape[-1]:
+            n = xa.shape[-1]  # a prompt's rows: the decode kernel's arithmetic, row after row
+            total, normed = np.empty(xa.shape, np.float32), np.empty(xa.shape, np.float32)
+            compiled.add_rms_norm_rows(xa.reshape(-1, n), xb.reshape(-1, n), np.float32(eps),
+                                       np.ascontiguousarray(w).reshape(n), total.reshape(-1, n), normed.reshape(-1, n))
+        else:
+            total = np.add(xa, xb)
+            normed = rms_norm(total, eps, w)
         store_h(total)
         store(normed)
 
     return add_rms_norm_step
+
+
+def _rows_alike(a, b) -> bool:
+    """a and b float32 arrays of one shape, C order, with rows (what the row kernels take)."""
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim >= 1 and a.shape == b.shape
+            and a.dtype == b.dtype == np.float32 and a.flags.c_contiguous and b.flags.c_contiguous and a.size > 0)
 
 
 def _scratch(method, role: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -754,8 +769,19 @@ def _rope_swapped_step(method, inputs, out: int):
     if direct is not None:
         return direct
 
+    compiled = _compiled_decode()
+
     def rope_swapped_step():
-        store(rope_swapped(gx(), gc(), gs()))
+        x, cos, sin = gx(), gc(), gs()
+        if compiled is not None and _rows_alike(cos, sin) and x.ndim == cos.ndim >= 2 and x.shape[-1] % 2 == 0 \
+                and cos.shape == x.shape[:-2] + (1, x.shape[-1]) and _rows_alike(x, x):
+            d, heads = x.shape[-1], x.shape[-2]  # a prompt's rows, each position's tables for all its heads
+            out = np.empty(x.shape, np.float32)
+            compiled.rope_swapped_positions(x.reshape(-1, heads, d), cos.reshape(-1, d), sin.reshape(-1, d),
+                                            out.reshape(-1, heads, d))
+            store(out)
+            return
+        store(rope_swapped(x, cos, sin))
 
     return rope_swapped_step
 

@@ -52,6 +52,23 @@ def test_rope_swapped_rows_is_bit_identical_to_the_numpy_kernel(heads, dim, scal
     assert np.array_equal(out, rope_swapped(x, cos, sin))
 
 
+def test_a_prompts_rows_through_the_compiled_steps_are_bit_identical_to_numpys():
+    """A prompt's [1, T, n] residual add + RMSNorm and [1, T, H, D] RoPE (each position its own
+    tables), row after row in the decode kernels, as the dynamic fused steps run them."""
+    a, b, w, eps = rows(113, 576, scale=3.0), rows(113, 576), rows(576), np.float32(1e-5)
+    total, normed = np.empty_like(a), np.empty_like(a)
+    decode_jit.add_rms_norm_rows(a, b, eps, w, total, normed)
+    assert np.array_equal(total, a + b) and np.array_equal(normed, rms_norm(a + b, eps, w))
+    x = rows(1, 113, 9, 64, scale=5.0)
+    angles = RNG.uniform(-100, 100, (1, 113, 1, 32)).astype(np.float32)
+    cos = np.concatenate([np.cos(angles), np.cos(angles)], axis=-1).astype(np.float32)
+    sin = np.concatenate([-np.sin(angles), np.sin(angles)], axis=-1).astype(np.float32)
+    out = np.empty_like(x)
+    decode_jit.rope_swapped_positions(x.reshape(113, 9, 64), cos.reshape(113, 64), sin.reshape(113, 64),
+                                      out.reshape(113, 9, 64))
+    assert np.array_equal(out, rope_swapped(x, cos, sin))
+
+
 def test_a_decode_plan_binds_the_compiled_steps_and_matches_numpys(tmp_path, monkeypatch):
     """Our exporter's tiny LLM: decoding with numba loaded runs the compiled add + RMSNorm, RoPE and
     attention steps, and every call's logits equal those of the same program with EXECUPY_NUMBA=0."""

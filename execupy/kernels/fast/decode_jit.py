@@ -1,5 +1,6 @@
-"""Compiled one-token steps of an LLM's decode: the residual add with the RMSNorm after it, and
-the rotary embedding (imported only where numba is installed and loaded already).
+"""Compiled steps of an LLM's decode: the residual add with the RMSNorm after it, and the rotary
+embedding (imported only where numba is installed and loaded already); a prompt's rows run
+the same arithmetic row after row (`add_rms_norm_rows`, `rope_swapped_positions`).
 
 Their numpy forms (runtime/fusion.py: `_add_rms_norm_into`, `_rope_swapped_into`) are five to
 eight ufunc calls on 576 floats, each about a microsecond of call for a few nanoseconds of
@@ -30,6 +31,13 @@ def add_rms_norm_row(a, b, eps, w, total, normed):
         normed[i] = total[i] * scale * w[i]
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def add_rms_norm_rows(a, b, eps, w, total, normed):
+    """add_rms_norm_row on each row of a, b, total, normed [R, n] (a prompt's tokens); w [n]."""
+    for r in range(total.shape[0]):
+        add_rms_norm_row(a[r], b[r], eps, w, total[r], normed[r])
+
+
 @numba.njit(cache=True, nogil=True)
 def rope_swapped_rows(x, cos, sin, out):
     """out[r] = x[r] * cos + swap_halves(x[r]) * sin for each row r of x [R, D]; cos, sin [D]."""
@@ -40,6 +48,14 @@ def rope_swapped_rows(x, cos, sin, out):
             lo, hi = row[i], row[i + half]
             res[i] = lo * cos[i] + hi * sin[i]
             res[i + half] = hi * cos[i + half] + lo * sin[i + half]
+
+
+@numba.njit(cache=True, nogil=True)
+def rope_swapped_positions(x, cos, sin, out):
+    """rope_swapped_rows for a prompt: out[t] = rows x[t] [H, D] against position t's tables
+    cos[t], sin[t] [D], for each t of x [T, H, D]."""
+    for t in range(x.shape[0]):
+        rope_swapped_rows(x[t], cos[t], sin[t], out[t])
 
 
 def warm_up() -> None:

@@ -214,26 +214,38 @@ def dequantize_columns(qt, scales, offsets, group_size, rows_per_word, j0, j1, d
             d3[j] = np.float32(np.int32(v >> _B24)) * s + o
 
 
+@numba.njit(cache=True, fastmath=True, inline="always")
+def _eight_rows(v, s, o, d0, d1, d2, d3, d4, d5, d6, d7, j):
+    # column j of the eight rows a word holds, dequantized (constant shifts: 4x a loop per row)
+    d0[j] = np.float32(np.int32(v & _M4)) * s + o
+    d1[j] = np.float32(np.int32((v >> _S4) & _M4)) * s + o
+    d2[j] = np.float32(np.int32((v >> _S8) & _M4)) * s + o
+    d3[j] = np.float32(np.int32((v >> _S12) & _M4)) * s + o
+    d4[j] = np.float32(np.int32((v >> _S16) & _M4)) * s + o
+    d5[j] = np.float32(np.int32((v >> _S20) & _M4)) * s + o
+    d6[j] = np.float32(np.int32((v >> _S24) & _M4)) * s + o
+    d7[j] = np.float32(np.int32(v >> _S28)) * s + o
+
+
 @numba.njit(cache=True, fastmath=True, nogil=True)
 def dequantize_panels(words, scales, offsets, group_size, j0, j1, dst):
-    """dequantize_columns of a 4-bit weight in panels (nibble_panels' layout)."""
+    """dequantize_columns of a 4-bit weight in panels (nibble_panels' layout). Row by row of
+    dst, a panel's 64 columns at a time with constant bounds where the panel lies whole in
+    j0..j1 (a loop with computed bounds in the middle ran 5x slower: 3 against 15 G weights/s)."""
+    width = j1 - j0
     for b in range(words.shape[1]):
         g = 8 * b // group_size  # a word's eight rows share a group (group_size % 8 == 0)
         d0, d1, d2, d3 = dst[8 * b], dst[8 * b + 1], dst[8 * b + 2], dst[8 * b + 3]
         d4, d5, d6, d7 = dst[8 * b + 4], dst[8 * b + 5], dst[8 * b + 6], dst[8 * b + 7]
         for p in range(j0 // PANEL, -(-j1 // PANEL)):
             q, sg, og = words[p, b], scales[p, g], offsets[p, g]
-            for i in range(max(j0 - p * PANEL, 0), min(j1 - p * PANEL, PANEL)):
-                j = p * PANEL + i - j0  # constant shifts, all eight rows in one pass: 4x a loop per row
-                v, s, o = q[i], sg[i], og[i]
-                d0[j] = np.float32(np.int32(v & _M4)) * s + o
-                d1[j] = np.float32(np.int32((v >> _S4) & _M4)) * s + o
-                d2[j] = np.float32(np.int32((v >> _S8) & _M4)) * s + o
-                d3[j] = np.float32(np.int32((v >> _S12) & _M4)) * s + o
-                d4[j] = np.float32(np.int32((v >> _S16) & _M4)) * s + o
-                d5[j] = np.float32(np.int32((v >> _S20) & _M4)) * s + o
-                d6[j] = np.float32(np.int32((v >> _S24) & _M4)) * s + o
-                d7[j] = np.float32(np.int32(v >> _S28)) * s + o
+            first = p * PANEL - j0  # dst's column of the panel's column 0
+            if first >= 0 and first + PANEL <= width:
+                for i in range(PANEL):
+                    _eight_rows(q[i], sg[i], og[i], d0, d1, d2, d3, d4, d5, d6, d7, first + i)
+            else:
+                for i in range(max(-first, 0), min(width - first, PANEL)):
+                    _eight_rows(q[i], sg[i], og[i], d0, d1, d2, d3, d4, d5, d6, d7, first + i)
 
 
 @numba.njit(cache=True)
