@@ -323,11 +323,19 @@ class Alias:
     root: int
     constant: bool  # the root is a constant: with constant parameters the view is made once, at load
 
-    def arg(self, method) -> tuple[bool, Any]:
-        """(is_static, value_or_getter), as Method._arg gives: static when everything is."""
+    def arg(self, method, contiguous: bool = True) -> tuple[bool, Any]:
+        """(is_static, value_or_getter), as Method._arg gives: static when everything is.
+        `contiguous=False` gives the view as it is, for a step that reads all of it before it
+        writes anything and arranges its operands itself (a prompt's quantized linear)."""
         static, src = method._arg(self.source)
         params = [method._arg(p) for p in self.params]
         strided = self.view
+        if not contiguous:
+            if static and all(s for s, _ in params):
+                return True, strided(src, *(p for _, p in params))
+            getters = [(lambda p=p: p) if s else p for s, p in params]
+            get_src = (lambda: src) if static else src
+            return False, lambda: strided(get_src(), *[g() for g in getters])
         # Contiguous, as the copy kernel's planned output is: a strided operand can take another
         # BLAS or reduction path and round differently. A contiguous view costs no copy.
         view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
@@ -447,6 +455,15 @@ class _Match:
 
 def _get(method, i: int) -> Callable[[], Any]:
     static, v = method._arg(i)
+    return (lambda: v) if static else v
+
+
+def _get_as_viewed(method, i: int) -> Callable[[], Any]:
+    """_get, but a view op's result as the view it is, not made contiguous (Alias.arg)."""
+    alias = method._fusion.aliases.get(i) if method._fusion is not None else None
+    if alias is None:
+        return _get(method, i)
+    static, v = alias.arg(method, contiguous=False)
     return (lambda: v) if static else v
 
 
@@ -998,7 +1015,9 @@ def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: 
     direct = _quantized_matvec_into(method, bind_matvec, packed, rows, out) if bind_matvec is not None else None
     if direct is not None:
         return direct
-    get_rows, store = _get(method, rows), method._store_fn(out)
+    # The rows as viewed: a prompt's [K, T] is the transpose of the norm's [T, K], which the step
+    # reads as it is (a copy made contiguous here would be transposed straight back)
+    get_rows, store = _get_as_viewed(method, rows), method._store_fn(out)
     both, half = blas_threads.both, n // 2
 
     def quantized_linear_step():

@@ -631,7 +631,14 @@ class Method:
             raise KernelError(
                 f"value {i}: result shape {shape} exceeds the planned upper bound {d.upper}"
             )
-        view = d.storage[: _numel(shape) * d.dtype.itemsize].view(d.dtype).reshape(shape)
+        view = d.storage[: _numel(shape) * d.dtype.itemsize].view(d.dtype)
+        if r.ndim == 2 and r.flags.f_contiguous and not r.flags.c_contiguous:
+            # A transposed result (a prompt's linear: mm(W, rows) computed as (rows.T @ W.T).T)
+            # keeps its layout: the copy is a plain one, and the transpose that reads it next is
+            # contiguous again (two transposing copies of every linear's output saved)
+            view = view.reshape(shape[::-1]).T
+        else:
+            view = view.reshape(shape)
         np.copyto(view, r, casting="unsafe")
         self.values[i] = d.placed = view
 
