@@ -544,11 +544,11 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
 
     def add_rms_norm_step():
         xa, xb, eps, w = ga(), gb(), ge(), gw()
-        if compiled is not None and _rows_alike(xa, xb) and w.dtype == np.float32 and w.size == xa.shape[-1]:
+        if compiled is not None and _float32_rows(xa, xb, w) and xa.shape == xb.shape and w.size == xa.shape[-1]:
             n = xa.shape[-1]  # a prompt's rows: the decode kernel's arithmetic, row after row
             total, normed = np.empty(xa.shape, np.float32), np.empty(xa.shape, np.float32)
-            compiled.add_rms_norm_rows(xa.reshape(-1, n), xb.reshape(-1, n), np.float32(eps),
-                                       np.ascontiguousarray(w).reshape(n), total.reshape(-1, n), normed.reshape(-1, n))
+            compiled.add_rms_norm_rows(xa.reshape(-1, n), xb.reshape(-1, n), np.float32(eps), w.reshape(n),
+                                       total.reshape(-1, n), normed.reshape(-1, n))
         else:
             total = np.add(xa, xb)
             normed = rms_norm(total, eps, w)
@@ -558,10 +558,10 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
     return add_rms_norm_step
 
 
-def _rows_alike(a, b) -> bool:
-    """a and b float32 arrays of one shape, C order, with rows (what the row kernels take)."""
-    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim >= 1 and a.shape == b.shape
-            and a.dtype == b.dtype == np.float32 and a.flags.c_contiguous and b.flags.c_contiguous and a.size > 0)
+def _float32_rows(*arrays) -> bool:
+    """Every array float32, in C order, with rows (what the compiled row kernels take)."""
+    return all(isinstance(t, np.ndarray) and t.dtype == np.float32 and t.flags.c_contiguous and t.ndim >= 1
+               and t.size > 0 for t in arrays)
 
 
 def _scratch(method, role: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -790,8 +790,8 @@ def _rope_swapped_step(method, inputs, out: int):
 
     def rope_swapped_step():
         x, cos, sin = gx(), gc(), gs()
-        if compiled is not None and _rows_alike(cos, sin) and x.ndim == cos.ndim >= 2 and x.shape[-1] % 2 == 0 \
-                and cos.shape == x.shape[:-2] + (1, x.shape[-1]) and _rows_alike(x, x):
+        if compiled is not None and _float32_rows(x, cos, sin) and x.ndim >= 2 and x.shape[-1] % 2 == 0 \
+                and cos.shape == sin.shape == x.shape[:-2] + (1, x.shape[-1]):
             d, heads = x.shape[-1], x.shape[-2]  # a prompt's rows, each position's tables for all its heads
             out = np.empty(x.shape, np.float32)
             compiled.rope_swapped_positions(x.reshape(-1, heads, d), cos.reshape(-1, d), sin.reshape(-1, d),
