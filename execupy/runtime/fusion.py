@@ -324,25 +324,19 @@ class Alias:
     constant: bool  # the root is a constant: with constant parameters the view is made once, at load
 
     def arg(self, method, contiguous: bool = True) -> tuple[bool, Any]:
-        """(is_static, value_or_getter), as Method._arg gives: static when everything is.
-        `contiguous=False` gives the view as it is, for a step that reads all of it before it
-        writes anything and arranges its operands itself (a prompt's quantized linear)."""
+        """(is_static, value_or_getter), as Method._arg gives: static when everything is."""
         static, src = method._arg(self.source)
         params = [method._arg(p) for p in self.params]
         strided = self.view
-        if not contiguous:
-            if static and all(s for s, _ in params):
-                return True, strided(src, *(p for _, p in params))
-            getters = [(lambda p=p: p) if s else p for s, p in params]
-            get_src = (lambda: src) if static else src
-            return False, lambda: strided(get_src(), *[g() for g in getters])
         # Contiguous, as the copy kernel's planned output is: a strided operand can take another
         # BLAS or reduction path and round differently. A contiguous view costs no copy.
-        view = lambda *a: np.ascontiguousarray(strided(*a))  # noqa: E731
+        # `contiguous=False` leaves the view as it is, for a step that reads all of it before it
+        # writes anything and arranges its operands itself (a prompt's quantized linear).
+        view = (lambda *a: np.ascontiguousarray(strided(*a))) if contiguous else strided
         if static and all(s for s, _ in params):
             try:
                 seen = strided(src, *(p for _, p in params))
-                made = np.ascontiguousarray(seen)
+                made = np.ascontiguousarray(seen) if contiguous else seen
             except Exception:  # a malformed view: leave the error to the call, as the copy kernel would
                 made = None
             # Made once: of a constant, or a true view of a planned array (whose bytes it reads
