@@ -296,6 +296,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         from .second_thread import SECOND_THREAD
     except ImportError:
         return None
+    assert K.PANEL == PANEL, "the compiled kernels' panels are PackedWeight's"
 
     def qlinear(x, w: PackedWeight, threads: Optional[int] = None):
         """`threads` (decode only) overrides the choice between one thread and all of them."""

@@ -19,9 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from .vnni_jit import PANEL, PREFETCH_BYTES
-
-_I32, _BYTES = ir.IntType(32), ir.IntType(8).as_pointer()
+from .vnni_jit import PANEL, prefetch_ahead
 
 _M4 = np.uint32(15)
 _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
@@ -115,19 +113,15 @@ def nibble_dot(v, x0, x1, x2, x3, x4, x5, x6, x7):
 
 @intrinsic
 def _prefetch_row(typingctx, words, p, r):
-    """Ask for the bytes PREFETCH_BYTES past words[p, r, 0] (uint32 panels [P, R, PANEL]): a
-    row's four cache lines, eight rows ahead. A prefetch never faults, past the end included."""
+    """Ask for the row PREFETCH_BYTES past words[p, r] (uint32 panels [P, R, PANEL]): its four
+    cache lines, eight rows ahead (vnni_jit.prefetch_ahead)."""
     def codegen(context, builder, sig, args):
         words_t = sig.args[0]
         array = context.make_array(words_t)(context, builder, args[0])
-        zero = ir.Constant(cgutils.intp_t, 0)
-        at = builder.bitcast(cgutils.get_item_pointer(context, builder, words_t, array, [args[1], args[2], zero],
-                                                      wraparound=False), _BYTES)
-        prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every cache level, data)
-            builder.module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+        at = cgutils.get_item_pointer(context, builder, words_t, array,
+                                      [args[1], args[2], ir.Constant(cgutils.intp_t, 0)], wraparound=False)
         for line in range(0, 4 * PANEL, 64):
-            ahead = builder.gep(at, [ir.Constant(cgutils.intp_t, PREFETCH_BYTES + line)])
-            builder.call(prefetch, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+            prefetch_ahead(builder, at, line)
         return context.get_dummy_value()
     return types.void(words, p, r), codegen
 

@@ -56,6 +56,15 @@ def _splat(builder, x, vector=_V16):
     return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), ir.Constant(_V16, [0] * LANES))
 
 
+def prefetch_ahead(builder, at, offset: int = 0) -> None:
+    """Ask for the cache line PREFETCH_BYTES + offset bytes past pointer `at` (read, kept in
+    every cache level). A prefetch never faults, past an array's end included."""
+    fn = cgutils.get_or_insert_function(  # (address, read, locality, data)
+        builder.module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+    ahead = builder.gep(builder.bitcast(at, _BYTES), [ir.Constant(cgutils.intp_t, PREFETCH_BYTES + offset)])
+    builder.call(fn, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 def _vector_at(context, builder, array_type, array, indices):
     at = cgutils.get_item_pointer(context, builder, array_type, array, indices, wraparound=False)
     return builder.bitcast(at, ir.VectorType(context.get_value_type(array_type.dtype), LANES).as_pointer())
@@ -83,8 +92,6 @@ def panel_chain(typingctx, words, xbytes, shifts, scales, per_block, p, v, i):
         per, p, i = args[4], args[5], args[7]
         dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
                                              "llvm.x86.avx512.vpdpbusd.512")
-        prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every cache level, data)
-            builder.module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0i8")
         low_nibbles, four = ir.Constant(_V16, [0x0F0F0F0F] * LANES), ir.Constant(_V16, [4] * LANES)
         intp = cgutils.intp_t
         zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
@@ -101,8 +108,7 @@ def panel_chain(typingctx, words, xbytes, shifts, scales, per_block, p, v, i):
                 odd = _splat(builder, _item(context, builder, x_t, x_arr, [r, one]))
                 for c, acc in zip(columns, accs):
                     at = _vector_at(context, builder, words_t, w_arr, [p, r, c])
-                    ahead = builder.gep(builder.bitcast(at, _BYTES), [ir.Constant(intp, PREFETCH_BYTES)])
-                    builder.call(prefetch, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                    prefetch_ahead(builder, at)
                     w = builder.load(at, align=4)
                     # byte t of a word holds inputs 2t (low nibble) and 2t + 1 (high); vpdpbusd's
                     # first factor is unsigned (q + 128), its second signed (0..15 either way)
