@@ -102,3 +102,9 @@ def test_executorch_llm_prefill_and_decode_alternately_equal_unplanned(monkeypat
     delegates = [step.__name__ for plan in planned._shape_plans.values() for step in plan.steps
                  if "delegate" in step.__name__]
     assert (flags == "portable") == (delegates == []) and set(delegates) <= {"call_bound_delegate"}
+    # et_view's result is its source's bytes as memory planning lays them out: a plan whose
+    # arrays are fixed has nothing to do for it at each call (the attention's output, which the
+    # XNNPACK export leaves between delegates; the portable one's views are fusion's aliases)
+    views = [step.__name__ for plan in planned._shape_plans.values()
+             for name, step in zip(planned._op_names, plan.steps) if name == "executorch_prim::et_view.default"]
+    assert (flags == "portable") != ("_viewed_in_place" in views)

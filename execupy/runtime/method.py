@@ -41,6 +41,7 @@ from ..schema import program as P
 from ..kernels.cores import CallSite
 from ..kernels.fast import dense
 from ..kernels.portable import linalg as portable_linalg
+from ..kernels.portable._util import same_view
 from ..kernels.registry import get_kernel
 from ..kernels.selection import missing_kernel_reason
 from . import blas_threads, collector
@@ -204,10 +205,37 @@ def _view_copy_of_read_source(view: Callable[..., np.ndarray], fn: Callable, arg
     return view_copy_step
 
 
+def _direct_view(view: Callable[..., np.ndarray], args: tuple, out: Any) -> Optional[Step]:
+    """A view op without an out argument (et_view: its result shares its source's bytes) on fixed
+    arrays: when the planned output is that very view, as memory planning lays it out, there is
+    nothing left to do at each call; else the view made once is copied in."""
+    src = args[0]
+    if not isinstance(src, np.ndarray) or not isinstance(out, np.ndarray):
+        return None
+    try:
+        v = view(*args)
+    except (ValueError, TypeError, IndexError):  # the kernel itself says what is wrong
+        return None
+    if not isinstance(v, np.ndarray) or v.shape != out.shape or v.dtype != out.dtype:
+        return None
+    if same_view(v, out):
+        return _viewed_in_place
+    if np.may_share_memory(v, out) or not np.may_share_memory(v, src):
+        return None
+    copyto = np.copyto
+    return lambda: copyto(out, v)
+
+
+def _viewed_in_place() -> None:
+    """A view op whose planned output is the view of its fixed source (see _direct_view)."""
+
+
 def _direct_step(key: str, kernel: Callable, args: tuple, out: Any) -> Optional[Step]:
     view = VIEW_OPS.get(key)
     if view is not None:
-        return _direct_view_copy(view, args, out)
+        if args and args[-1] is out:
+            return _direct_view_copy(view, args, out)
+        return _direct_view(view, args, out)
     binder = _DIRECT.get(kernel)
     return None if binder is None or len(args) != 3 or args[2] is not out else binder(*args)
 
@@ -709,25 +737,12 @@ class Method:
         if direct is not None:
             return direct
         if all(static for static, _ in parts):
-            args = tuple(p for _, p in parts)
-            ret = ins.args[-1]
-            frozen = self._frozen or {}
-            out = frozen.get(ret, self.values[ret])
-            if isinstance(self._plan_values[ret], P.Tensor) and (ret not in self._slots or ret in frozen):
-                direct = _direct_step(key, kernel, args, out)
-                if direct is not None:
-                    return direct
-
-                def call_static_out():  # the common case: write into a planned buffer
-                    r = fn(*args)
-                    if r is not out:
-                        store(r)
-                return call_static_out
-
-            def call_static():
-                store(fn(*args))
-
-            return call_static
+            return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
+        if self._frozen is not None and key in VIEW_OPS and all(static for static, _ in parts[1:]):
+            source = self._fixed_in_plan(ins.args[0])
+            if source is not None:  # a view of an array the plan fixes: bound as a view of constants is
+                parts[0] = (True, source)
+                return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
         resolved = [(static, p) for static, p in parts]
         getters = [(k, p) for k, (static, p) in enumerate(parts) if not static]
         if len(getters) == 1:  # one value read at run time (a position, say): fill in its slot only
@@ -747,6 +762,42 @@ class Method:
             store(fn(*[p if static else p() for static, p in resolved]))
 
         return call_dynamic
+
+    def _bind_kernel_static(self, key: str, kernel: Callable, fn: Callable, parts: list, ret: int,
+                            store: Callable) -> Step:
+        """A kernel call whose arguments are all fixed now."""
+        args = tuple(p for _, p in parts)
+        frozen = self._frozen or {}
+        out = frozen.get(ret, self.values[ret])
+        if isinstance(self._plan_values[ret], P.Tensor) and (ret not in self._slots or ret in frozen):
+            direct = _direct_step(key, kernel, args, out)
+            if direct is not None:
+                return direct
+
+            def call_static_out():  # the common case: write into a planned buffer
+                r = fn(*args)
+                if r is not out:
+                    store(r)
+            return call_static_out
+
+        def call_static():
+            store(fn(*args))
+
+        return call_static
+
+    def _fixed_in_plan(self, i: int) -> Optional[np.ndarray]:
+        """While a shape plan is bound: the array value i is at every call of the plan (one the
+        plan froze, or a planned tensor of static shape, whose stores copy into it), else None
+        (a view that fusion reads in place, an unplanned or non-tensor value)."""
+        if self._fusion is not None and i in self._fusion.aliases:
+            return None
+        if i in self._frozen:
+            v = self._frozen[i]
+        elif i in self._dynamic or i in self._unplanned or not isinstance(self._plan_values[i], P.Tensor):
+            return None
+        else:
+            v = self.values[i]
+        return v if isinstance(v, np.ndarray) else None
 
     def _bind_delegate(self, pc: int, ins: P.DelegateCall) -> Step:
         delegates = self.plan.delegates

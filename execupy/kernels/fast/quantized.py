@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .. import cores
+from ..portable._util import same_view
 
 
 # ---------------------------------------------------------------------------- numpy reference
@@ -283,12 +284,6 @@ NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token
 SHARE_MIN_BYTES = cores.SHARE_MIN_BYTES
 
 
-def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
-    """a and b are the same elements of the same memory (two view objects, say)."""
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
-            and a.strides == b.strides and a.dtype == b.dtype)
-
-
 def _compile() -> Optional[dict[str, Callable]]:
     try:
         from . import quantized_jit as K
@@ -328,7 +323,7 @@ def _compile() -> Optional[dict[str, Callable]]:
     def _bind_pair(x, w: PackedWeight, out, other) -> Optional[Callable[[], None]]:
         """One step for this mat-vec and `other` (x, w2, out2) on the same x, the second on the
         second core (second_thread_jit.matvec_pair): an LLM's k and v projections."""
-        if other is None or not _same_view(other[0], x) or np.may_share_memory(out, other[2]):
+        if other is None or not same_view(other[0], x) or np.may_share_memory(out, other[2]):
             return None
         _, w2, out2 = other
         if (w2.group_size, w2.rows_per_word) != (w.group_size, w.rows_per_word):

@@ -49,6 +49,12 @@ def write(out: np.ndarray, result: Any) -> np.ndarray:
     return np.asarray(result).astype(out.dtype, copy=False)
 
 
+def same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """a and b are the same elements of the same memory (two view objects of it, say)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
+            and a.strides == b.strides and a.dtype == b.dtype)
+
+
 def is_float(dtype: np.dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or LOW_PRECISION[dtype]
 
