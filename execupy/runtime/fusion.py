@@ -57,6 +57,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..kernels.fast import compiled_decode
 from ..kernels.portable._util import norm_dim
 from ..kernels.portable.reduce import SIDE_BY_SIDE_ROWS
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
@@ -534,7 +535,7 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
     if direct is not None:
         return direct
 
-    compiled = _compiled_decode()
+    compiled = compiled_decode()
 
     def add_rms_norm_step():
         xa, xb, eps, w = ga(), gb(), ge(), gw()
@@ -610,7 +611,7 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
 
     if rows == 1:  # a decode step: the one row's scale in float32 scalars (four ufunc calls less)
         n32, eps32, last = np.float32(n), np.float32(eps), total_of.reshape(-1)
-        compiled = _compiled_decode()
+        compiled = compiled_decode()
         if compiled is not None and w.size == n and all(t.flags.c_contiguous for t in arrays):
             kernel, flat = compiled.add_rms_norm_row, [t.reshape(-1) for t in arrays]  # views of the same bytes
 
@@ -638,17 +639,6 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
         np.multiply(normed, w, out=normed)
 
     return add_rms_norm_into
-
-
-def _compiled_decode():
-    """kernels/fast/decode_jit where numba is loaded already (elementwise.numba_loaded), else None."""
-    from ..kernels.fast.elementwise import numba_loaded
-
-    if not numba_loaded():
-        return None
-    from ..kernels.fast import decode_jit
-
-    return decode_jit
 
 
 def _dims(g: Graph, i: int) -> Optional[tuple]:
@@ -780,7 +770,7 @@ def _rope_swapped_step(method, inputs, out: int):
     if direct is not None:
         return direct
 
-    compiled = _compiled_decode()
+    compiled = compiled_decode()
 
     def rope_swapped_step():
         x, cos, sin = gx(), gc(), gs()
@@ -816,7 +806,7 @@ def _rope_swapped_into(method, inputs, out: int):
     except ValueError:
         return None
     half, d = x.shape[-1] // 2, x.shape[-1]
-    compiled = _compiled_decode()
+    compiled = compiled_decode()
     if (compiled is not None and cos.size == sin.size == d and x.flags.c_contiguous and result.flags.c_contiguous
             and cos.flags.c_contiguous and sin.flags.c_contiguous):  # one position's tables for every row: decode
         kernel, rows, table_cos, table_sin = compiled.rope_swapped_rows, x.reshape(-1, d), cos.reshape(d), sin.reshape(d)

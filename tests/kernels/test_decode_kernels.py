@@ -4,7 +4,7 @@ the unfused portable instructions), and a decode plan uses them once numba is lo
 import numpy as np
 import pytest
 
-from execupy.kernels.fast import rms_norm, rope_swapped
+from execupy.kernels.fast import rms_norm, rope_swapped, rotate_pairs
 
 pytest.importorskip("numba")
 from execupy.kernels.fast import decode_jit  # noqa: E402  (needs numba)
@@ -50,6 +50,22 @@ def test_rope_swapped_rows_is_bit_identical_to_the_numpy_kernel(heads, dim, scal
     out = np.empty_like(x)
     decode_jit.rope_swapped_rows(x, cos, sin, out)
     assert np.array_equal(out, rope_swapped(x, cos, sin))
+
+
+@pytest.mark.parametrize("positions,heads,dim,scale", [(1, 9, 32, 1.0), (1, 3, 32, 50.0), (113, 9, 32, 1e-2), (4, 1, 2, 1.0)])
+def test_rotate_pairs_is_what_its_nodes_compute_and_the_compiled_rows_the_same_bits(positions, heads, dim, scale):
+    """XNNPACK's nine-node rotary embedding (backends/xnnpack/fused.py): multiplies, a subtract
+    and an add, each rounded to float32, then reshapes and a concatenate along a new last axis."""
+    a, b = rows(1, positions, heads, dim, scale=scale), rows(1, positions, heads, dim, scale=scale)
+    angles = RNG.uniform(-100, 100, (1, positions, 1, dim)).astype(np.float32)
+    c, s = np.cos(angles), np.sin(angles)
+    nodes = np.concatenate([np.subtract(np.multiply(a, c), np.multiply(b, s))[..., None],
+                            np.add(np.multiply(a, s), np.multiply(b, c))[..., None]], axis=4)
+    assert np.array_equal(rotate_pairs(a, b, c, s), nodes)
+    out = np.empty(a.shape + (2,), np.float32)
+    decode_jit.rotate_pairs_rows(a.reshape(-1, dim), b.reshape(-1, dim), c.reshape(-1, dim), s.reshape(-1, dim),
+                                 heads, out.reshape(-1, dim, 2))
+    assert np.array_equal(out, nodes)
 
 
 def test_a_prompts_rows_through_the_compiled_steps_are_bit_identical_to_numpys():

@@ -19,7 +19,9 @@ import ml_dtypes
 import numpy as np
 
 from ...errors import ExecupyError, InvalidInputError, MalformedProgramError
+from ...runtime.fusion import fusion_enabled
 from . import quant as Q
+from .fused import Fused, fused_steps
 from .nodes import BUILDERS, NOTHING, Step
 from .schema import (EXTERNAL_INPUT, EXTERNAL_OUTPUT, NAMED_DATA_OFFSET, NO_EXTERNAL_ID, NO_VALUE, Graph, Node, Value,
                      read_payload)
@@ -312,28 +314,32 @@ def compile_graph(graph: Graph, named_data: Callable[[str], memoryview], event_t
             range(len(inputs), len(inputs) + len(outputs))):
         raise MalformedProgramError(f"external ids are not inputs 0..n-1 then outputs: inputs {sorted(inputs)}, "
                                     f"outputs {sorted(outputs)}")
-    steps = []
     for k, node in enumerate(graph.nodes):
         for name, v in node.fields.items():
             if name.endswith("_id") and v != NO_VALUE:
                 g.check_id(v, f"node {k} ({node.kind}) field {name}")
-        steps.append(BUILDERS[node.kind](node, g))
+    # A traced delegate reports each node as it runs: its nodes are not fused.
+    fused = fused_steps(graph) if event_tracer is None and fusion_enabled() else Fused({}, {})
+    steps = [fused.steps[k] if k in fused.steps else BUILDERS[node.kind](node, g) for k, node in enumerate(graph.nodes)]
     output_ids = [outputs[k] for k in sorted(outputs)]
     return Compiled([inputs[k] for k in sorted(inputs)], output_ids, g.constants, steps,
-                    _release_plan(graph.nodes, set(output_ids) | set(g.constants), g.fused_quantize), len(graph.values),
-                    [node.kind for node in graph.nodes], event_tracer)
+                    _release_plan(graph.nodes, set(output_ids) | set(g.constants), g.fused_quantize, fused.reads_at),
+                    len(graph.values), [node.kind for node in graph.nodes], event_tracer)
 
 
-def _release_plan(nodes: list[Node], keep: set[int], fused: dict[int, int]) -> list[tuple[int, ...]]:
+def _release_plan(nodes: list[Node], keep: set[int], fused: dict[int, int],
+                  reads_at: dict[int, int]) -> list[tuple[int, ...]]:
     """For each node, the values it is the last to touch (outputs and constants stay); a
-    FullyConnected reading a fused Convert's result reads the Convert's input instead."""
+    FullyConnected reading a fused Convert's result reads the Convert's input instead, and a
+    node of a fused pattern reads where the pattern's step runs (`reads_at`)."""
     last: dict[int, int] = {}
     for k, node in enumerate(nodes):
+        at = reads_at.get(k, k)
         for name, v in node.fields.items():
             if name.endswith("_id") and v != NO_VALUE:
-                last[v] = k
+                last[v] = max(last.get(v, at), at)
                 if v in fused and not name.startswith("output"):
-                    last[fused[v]] = k
+                    last[fused[v]] = max(last.get(fused[v], at), at)
     dead: list[list[int]] = [[] for _ in nodes]
     for v, k in last.items():
         if v not in keep:

@@ -29,6 +29,27 @@ def rope(a: np.ndarray, b: np.ndarray, c: np.ndarray, s: np.ndarray, dim: int) -
     return np.concatenate((a * c - b * s, b * c + a * s), axis=dim)
 
 
+def rotate_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """stack([a*c - b*s, a*s + b*c], -1): rotary position embedding on interleaved pairs (a, b),
+    as multiply, subtract, add, reshape and concatenate compute it (each product rounded to
+    float32, then the sum)."""
+    out = np.empty(np.broadcast_shapes(a.shape, c.shape, b.shape, s.shape) + (2,), np.float32)
+    np.subtract(a * c, b * s, out=out[..., 0])
+    np.add(a * s, b * c, out=out[..., 1])
+    return out
+
+
+def compiled_decode():
+    """kernels/fast/decode_jit where numba is loaded already (elementwise.numba_loaded), else None."""
+    from .elementwise import numba_loaded
+
+    if not numba_loaded():
+        return None
+    from . import decode_jit
+
+    return decode_jit
+
+
 def rope_swapped(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """x*cos + cat([x[..., D/2:], x[..., :D/2]], -1)*sin, as mul, cat, mul, add compute it
     (the tables are (cos, cos) and (-sin, sin): docs/llm-graph.md)."""

@@ -58,6 +58,18 @@ def rope_swapped_positions(x, cos, sin, out):
         rope_swapped_rows(x[t], cos[t], sin[t], out[t])
 
 
+@numba.njit(cache=True, nogil=True)
+def rotate_pairs_rows(a, b, cos, sin, heads, out):
+    """out[r, i] = (a*cos - b*sin, a*sin + b*cos) at [r, i], row r of a, b [R, D] against table
+    row r // heads of cos, sin [R / heads, D]; out [R, D, 2] (kernels.fast.rotate_pairs)."""
+    for r in range(a.shape[0]):
+        c, s = cos[r // heads], sin[r // heads]
+        for i in range(a.shape[1]):
+            x, y = a[r, i], b[r, i]
+            out[r, i, 0] = x * c[i] - y * s[i]
+            out[r, i, 1] = x * s[i] + y * c[i]
+
+
 def warm_up() -> None:
     """Run each compiled decode step once on tiny arrays, at load: numba reads a kernel's machine
     code from its disk cache at the kernel's first call (1-13 ms each, SmolLM2's first decode
@@ -69,6 +81,9 @@ def warm_up() -> None:
     row = np.ones(16, np.float32)
     add_rms_norm_row(row, row, np.float32(1e-5), row, np.empty(16, np.float32), np.empty(16, np.float32))
     rope_swapped_rows(np.ones((2, 16), np.float32), row, row, np.empty((2, 16), np.float32))
+    rotate_pairs_rows(np.ones((2, 16), np.float32), np.ones((2, 16), np.float32), np.ones((1, 16), np.float32),
+                      np.ones((1, 16), np.float32), 2, np.empty((2, 16, 2), np.float32))
+    SECOND_THREAD.load_loop()
     cache = np.ones((4, 1, 16), np.float32)
     SECOND_THREAD.call(ST.attention_halves, (np.ones((2, 16), np.float32), cache, cache, 3, np.float32(0.25), 512,
                                              np.empty((2, 16), np.float32)), False)

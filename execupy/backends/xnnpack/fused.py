@@ -1,0 +1,139 @@
+"""Node patterns of a delegate run as one step: the rotary embedding, which ExecuTorch's XNNPACK
+partitioner leaves as nine nodes for each of q and k (SmolLM2's decode step runs 30 such
+delegates per token, each node a numpy call of a microsecond on 9 x 32 floats).
+
+`fused_steps(graph, g)` finds the patterns; for each it returns the step of its last node,
+which does the whole pattern's work, and NOTHING for the others. The step computes what the
+nodes compute, operation for operation in float32 (kernels.fast.rotate_pairs), so the results
+are the same bits. `reads_at` tells the release plan that the last node reads the pattern's inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ...kernels.fast import compiled_decode, rotate_pairs
+from .nodes import NOTHING, Step
+from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
+
+
+@dataclass
+class Fused:
+    steps: dict[int, Step]  # node index -> its step (the patterns' nodes only)
+    reads_at: dict[int, int]  # node index -> the node whose step reads its inputs
+
+
+class _Nodes:
+    """Who makes and who reads each value of a graph."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.producer: dict[int, int] = {}
+        self.readers: dict[int, list[int]] = {}
+        for k, node in enumerate(graph.nodes):
+            for name, v in node.fields.items():
+                if not name.endswith("_id") or v == NO_VALUE:
+                    continue
+                if name == "output_id":
+                    self.producer[v] = k
+                else:
+                    self.readers.setdefault(v, []).append(k)
+
+    def inner(self, value: int, kind: str, reader: int) -> Optional[Node]:
+        """The node of `kind` making `value`, an fp32 value without clamps that only `reader` reads."""
+        k = self.producer.get(value)
+        if k is None or self.readers.get(value) != [reader]:
+            return None
+        node, v = self.graph.nodes[k], self.graph.values[value]
+        if node.kind != kind or v.datatype != "fp32" or v.flags & EXTERNAL_OUTPUT or not _unclamped(node):
+            return None
+        return node
+
+
+def _unclamped(node: Node) -> bool:
+    return node.output_min == -np.inf and node.output_max == np.inf
+
+
+def _operands(node: Node) -> tuple[int, int]:
+    return node.fields["input1_id"], node.fields["input2_id"]
+
+
+def _match_rotate_pairs(nodes: _Nodes, k: int) -> Optional[tuple[list[int], tuple[int, int, int, int], int]]:
+    """At a Concatenate2 along a new last axis of [a*c - b*s, a*s + b*c] (each reshaped to a
+    trailing 1): (the pattern's node indices, (a, b, c, s), the output value)."""
+    graph = nodes.graph
+    cat = graph.nodes[k]
+    out = cat.fields["output_id"]
+    if cat.kind != "Concatenate2" or not _unclamped(cat) or graph.values[out].datatype != "fp32":
+        return None
+    if cat.fields["axis"] != len(graph.values[out].dims) - 1:
+        return None
+    found = [k]
+    halves = []
+    for part, kind in ((cat.fields["input1_id"], "Subtract"), (cat.fields["input2_id"], "Add")):
+        reshape = nodes.inner(part, "StaticReshape", k)
+        if reshape is None:
+            return None
+        inner_value = reshape.fields["input_id"]
+        if graph.values[part].dims != graph.values[inner_value].dims + [1]:
+            return None
+        combine = nodes.inner(inner_value, kind, nodes.producer[part])
+        if combine is None:
+            return None
+        products = [nodes.inner(v, "Multiply", nodes.producer[inner_value]) for v in _operands(combine)]
+        if None in products:
+            return None
+        found += [nodes.producer[part], nodes.producer[inner_value]] + [nodes.producer[v] for v in _operands(combine)]
+        halves.append([_operands(p) for p in products])
+    (p, q), (r, t) = halves  # Subtract(p, q), Add(r, t)
+    for a, c in (p, p[::-1]):  # which factor of p is a is a naming choice: a*c == c*a
+        for b, s in (q, q[::-1]):
+            if {frozenset(r), frozenset(t)} == {frozenset((a, s)), frozenset((b, c))} and len({a, b, c, s}) == 4:
+                if any(graph.values[v].datatype != "fp32" for v in (a, b, c, s)):
+                    return None
+                return found, (a, b, c, s), out
+    return None
+
+
+def _rotate_pairs_step(ids: tuple[int, int, int, int], out: int) -> Step:
+    a_id, b_id, c_id, s_id = ids
+    compiled = compiled_decode()
+
+    def rotate_pairs_step(vals: list) -> None:
+        a, b, c, s = vals[a_id], vals[b_id], vals[c_id], vals[s_id]
+        if compiled is not None and _rows_with_tables(a, b, c, s):
+            d = a.shape[-1]  # every head of a position against its row of the tables
+            result = np.empty(a.shape + (2,), np.float32)
+            compiled.rotate_pairs_rows(a.reshape(-1, d), b.reshape(-1, d), c.reshape(-1, d), s.reshape(-1, d),
+                                       a.shape[-2], result.reshape(-1, d, 2))
+            vals[out] = result
+            return
+        vals[out] = rotate_pairs(a, b, c, s)
+
+    return rotate_pairs_step
+
+
+def _rows_with_tables(a, b, c, s) -> bool:
+    """a, b [..., H, D] and the tables c, s [..., 1, D], float32 in C order."""
+    return (a.ndim >= 2 and a.shape == b.shape and c.shape == s.shape == a.shape[:-2] + (1, a.shape[-1])
+            and all(t.dtype == np.float32 and t.flags.c_contiguous for t in (a, b, c, s)))
+
+
+def fused_steps(graph: Graph) -> Fused:
+    nodes = _Nodes(graph)
+    fused = Fused({}, {})
+    for k, node in enumerate(graph.nodes):
+        if node.kind != "Concatenate2":
+            continue
+        match = _match_rotate_pairs(nodes, k)
+        if match is None:
+            continue
+        found, ids, out = match
+        if any(j in fused.steps for j in found):
+            continue
+        for j in found:
+            fused.steps[j], fused.reads_at[j] = NOTHING, k
+        fused.steps[k] = _rotate_pairs_step(ids, out)
+    return fused
