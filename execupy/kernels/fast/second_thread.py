@@ -92,17 +92,21 @@ class SecondThread:
         # This call runs without it: the thread takes a while to start spinning, and claims
         # only what is left when it does.
         if self.thread is None:
-            # Compiled (or read from numba's cache) here, not in the thread: a process that ends
-            # while a daemon thread is inside LLVM aborts at exit.
-            quit_now = np.zeros(K.CTRL_SLOTS, np.int64)
-            quit_now[K.STATE] = K.QUIT
-            K.second_thread_loop(quit_now, self.xbuf, self.scratch, SPIN_CYCLES)
+            self.load_loop()
         self.ctrl[K.STATE] = K.SPINNING
         if self.thread is None:
             cores.SECOND_CORE.own_thread = True  # BLAS's small products now leave the second core to it
             self.thread = threading.Thread(target=self._run, name="execupy-second-core", daemon=True)
             self.thread.start()
         self.wake.set()
+
+    def load_loop(self) -> None:
+        """Compile the thread's loop (or read it from numba's cache, ~8 ms) in this thread: a
+        process that ends while a daemon thread is inside LLVM aborts at exit. Called by the
+        first wake-up, or earlier, at load, by the decode kernels' warm-up."""
+        quit_now = np.zeros(K.CTRL_SLOTS, np.int64)
+        quit_now[K.STATE] = K.QUIT
+        K.second_thread_loop(quit_now, self.xbuf, self.scratch, SPIN_CYCLES)
 
     def _run(self) -> None:
         while True:

@@ -272,6 +272,7 @@ def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) ->
     quantized_product = quantizing(bind_blockwise(w, bias))
     if NUMBA is None:
         return quantized_product
+    _warm_up()
     matvec = NUMBA["blockwise_matvec_from_float"]
     bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
 
@@ -281,6 +282,25 @@ def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) ->
         return quantized_product(x)
 
     return from_float
+
+
+_warmed: list[bool] = []
+
+
+def _warm_up() -> None:
+    """Once per process, at init: numba reads a kernel's machine code from its disk cache at its
+    first call (7-8 ms each here), which would otherwise fall inside the first generated token
+    of an LLM (a prompt runs the many-row kernel, not the decode mat-vec), with the other
+    compiled decode steps (decode_jit.warm_up)."""
+    if _warmed:
+        return
+    _warmed.append(True)
+    w = pack_blockwise(np.zeros((PANEL, KSUM_CHUNK), np.int8), np.ones((PANEL, 1), F32))
+    NUMBA["blockwise_matvec_from_float"](np.ones((1, KSUM_CHUNK), F32), w, np.zeros(PANEL, F32),
+                                         np.empty((1, PANEL), F32))
+    from . import decode_jit
+
+    decode_jit.warm_up()
 
 
 # Compiled where the grouped kernels are (numba installed, EXECUPY_NUMBA not 0).
