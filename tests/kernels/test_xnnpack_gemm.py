@@ -116,6 +116,18 @@ def test_channelwise_blas_sums_stay_exact_at_the_largest_terms():
     assert abs(int(exact.min())) > 2 ** 24  # the whole sum is past float32's integers; each run is not
 
 
+def test_a_row_with_inf_gives_non_finite_outputs_not_an_error():
+    """An activation that overflowed: the row's scale is inf (255 / inf, then 1 / 0), as numpy and
+    XNNPACK give, and the product is not finite; the compiled kernel raised ZeroDivisionError."""
+    rng = np.random.default_rng(3)
+    packed = XG.pack_blockwise(rng.integers(-8, 8, (64, 64)).astype(np.int8), np.ones((64, 2), np.float32))
+    x = np.ones((1, 64), np.float32)
+    x[0, 5] = np.inf
+    with np.errstate(all="ignore"):
+        assert XG.quantize_rows(x)[1][0] == np.inf
+        assert not np.isfinite(XG.bind_blockwise_from_float(packed, None)(x)).any()
+
+
 def test_quantize_rows_numba_equals_numpy():
     rng = np.random.default_rng(5)
     rows = np.concatenate([rng.standard_normal((3, 96)) * 3, np.zeros((1, 96)), -rng.random((1, 96)),

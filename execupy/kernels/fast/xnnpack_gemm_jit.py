@@ -167,7 +167,7 @@ def scale_sums(acc, x_scale, w_scale, bias, out):
             o[c] = np.float32(np.float64(np.float32(a[c] * xs)) * np.float64(w_scale[c]) + np.float64(bias[c]))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")  # a row with inf: scale inf as numpy gives, no ZeroDivisionError
 def quantize_rows(x, q, scale, zero):
     m, k = x.shape
     for r in range(m):
