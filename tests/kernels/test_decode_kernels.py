@@ -68,6 +68,17 @@ def test_rotate_pairs_is_what_its_nodes_compute_and_the_compiled_rows_the_same_b
     assert np.array_equal(out, nodes)
 
 
+@pytest.mark.parametrize("shape,scale", [((1, 1, 576), 1.0), ((1, 1, 576), 3e3), ((1, 113, 576), 1e-3), ((4, 7), 1.0)])
+def test_mean_rows_is_the_portable_means_bits(shape, scale):
+    from execupy.kernels.portable.reduce import mean_dim
+
+    x = rows(*shape, scale=scale) ** 2  # an RMSNorm's squares
+    expected = mean_dim(x, [-1], True, None, np.empty(shape[:-1] + (1,), np.float32))
+    out = np.empty(shape[:-1] + (1,), np.float32)
+    decode_jit.mean_rows(x.reshape(-1, shape[-1]), out.reshape(-1))
+    assert np.array_equal(out, expected)
+
+
 def test_a_prompts_rows_through_the_compiled_steps_are_bit_identical_to_numpys():
     """A prompt's [1, T, n] residual add + RMSNorm and [1, T, H, D] RoPE (each position its own
     tables), row after row in the decode kernels, as the dynamic fused steps run them."""

@@ -70,6 +70,18 @@ def rotate_pairs_rows(a, b, cos, sin, heads, out):
             out[r, i, 1] = x * s[i] + y * c[i]
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def mean_rows(x, out):
+    """out[r] = the sum of row r of x [R, n] (float32, added in index order, as the portable mean's
+    cumsum adds) / n: an RMSNorm's mean that the program leaves as its own instruction."""
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        total = np.float32(0)
+        for i in range(n):
+            total += x[r, i]
+        out[r] = total / np.float32(n)
+
+
 def warm_up() -> None:
     """Run each compiled decode step once on tiny arrays, at load: numba reads a kernel's machine
     code from its disk cache at the kernel's first call (1-13 ms each, SmolLM2's first decode
@@ -83,6 +95,7 @@ def warm_up() -> None:
     rope_swapped_rows(np.ones((2, 16), np.float32), row, row, np.empty((2, 16), np.float32))
     rotate_pairs_rows(np.ones((2, 16), np.float32), np.ones((2, 16), np.float32), np.ones((1, 16), np.float32),
                       np.ones((1, 16), np.float32), 2, np.empty((2, 16, 2), np.float32))
+    mean_rows(np.ones((1, 16), np.float32), np.empty(1, np.float32))
     SECOND_THREAD.load_loop()
     cache = np.ones((4, 1, 16), np.float32)
     SECOND_THREAD.call(ST.attention_halves, (np.ones((2, 16), np.float32), cache, cache, 3, np.float32(0.25), 512,

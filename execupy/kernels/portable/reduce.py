@@ -73,7 +73,7 @@ def sum_all(x: np.ndarray, dtype: Optional[int] = None, out: np.ndarray = None) 
 @register_kernel("aten::mean.out")
 def mean_dim(x: np.ndarray, dim: Dims = None, keepdim: bool = False, dtype: Optional[int] = None,
              out: np.ndarray = None) -> np.ndarray:
-    if _last_dim_float32(x, dim, keepdim, dtype, out):  # an RMSNorm's mean: the same sums, fewer steps
+    if last_dim_float32(x, dim, keepdim, dtype, out):  # an RMSNorm's mean: the same sums, fewer steps
         with np.errstate(all="ignore"):
             return np.true_divide(row_sums(x, np.float32), x.shape[-1], out=out)
     x = _cast_input(x, dtype)
@@ -86,7 +86,7 @@ def mean_dim(x: np.ndarray, dim: Dims = None, keepdim: bool = False, dtype: Opti
         return write(out, np.true_divide(total, _count(x, axes), dtype=acc))
 
 
-def _last_dim_float32(x: np.ndarray, dim: Dims, keepdim: bool, dtype: Optional[int], out: np.ndarray) -> bool:
+def last_dim_float32(x: np.ndarray, dim: Dims, keepdim: bool, dtype: Optional[int], out: np.ndarray) -> bool:
     """A float32 mean over the last dim, kept, into an out of exactly that shape."""
     return (keepdim and dtype is None and x.dtype == np.float32 and out.dtype == np.float32 and x.ndim > 0
             and x.shape[-1] > 0 and dim is not None and len(dim) == 1 and dim[0] in (-1, x.ndim - 1)
