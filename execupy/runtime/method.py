@@ -828,12 +828,16 @@ class Method:
         parts = [self._arg(a) for a in ins.args]
         stores = [self._store_fn(a) if isinstance(self._plan_values[a], P.Tensor) else None for a in ins.args]
         bind = getattr(backend, "bind", None)  # a backend's own call on arguments fixed now (a shape plan's)
-        run = bind(handle, [p for _, p in parts]) if bind is not None and all(static for static, _ in parts) else None
+        run = None
+        if bind is not None and all(static for static, _ in parts):
+            outs = [self._out_array(a) if isinstance(self._plan_values[a], P.Tensor) else None for a in ins.args]
+            run = bind(handle, [p for _, p in parts], outs)
         if run is not None:
             def call_bound_delegate():
-                outs = run()
-                for s, r in zip(stores[len(stores) - len(outs):], outs):
-                    s(r)
+                outs = run()  # None: the backend wrote them into the arrays it was given
+                if outs is not None:
+                    for s, r in zip(stores[len(stores) - len(outs):], outs):
+                        s(r)
 
             return call_bound_delegate
 

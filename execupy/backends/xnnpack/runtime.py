@@ -75,10 +75,12 @@ class Compiled:
                 vals[i] = None
         return [vals[i] for i in self.outputs]
 
-    def bind(self, args: list) -> Callable[[], list]:
+    def bind(self, args: list, dests: Optional[list[np.ndarray]] = None) -> Callable[[], Optional[list]]:
         """run() on inputs fixed now (a shape plan's arrays, say a decode step's): the value list
         filled once, the steps that do nothing left out, the releases looked up only where there
-        are some. An LLM's decode step calls some 300 delegates per token."""
+        are some. With `dests`, the arrays the outputs go to, each output is copied there and
+        the call returns None, unless one has another shape or dtype: then it returns the outputs
+        for the caller to store. An LLM's decode step calls some 300 delegates per token."""
         vals = self._bound(args)
         fixed = {i for i, _ in self.inputs}  # filled once: never released
         releases = [tuple(i for i in dead if i not in fixed) for dead in self.releases]
@@ -92,7 +94,23 @@ class Compiled:
                     vals[i] = None
             return [vals[i] for i in outputs]
 
-        return run_bound
+        if dests is None:
+            return run_bound
+        pairs, copyto = list(zip(outputs, dests)), np.copyto
+
+        def run_into() -> Optional[list]:
+            for step, dead in plan:
+                step(vals)
+                for i in dead:
+                    vals[i] = None
+            for i, dest in pairs:
+                r = vals[i]
+                if type(r) is not np.ndarray or r.shape != dest.shape or r.dtype != dest.dtype:
+                    return [np.asarray(vals[i]) for i in outputs]
+                copyto(dest, r)
+            return None
+
+        return run_into
 
     def run_traced(self, args: list) -> list:
         """run(), reporting each node as a delegate event: its kind, debug id = its node index."""
@@ -360,12 +378,18 @@ class XnnpackBackend:
             raise MalformedProgramError(f"{BACKEND_ID} delegate: payload is inconsistent: "
                                         f"{type(e).__name__}: {e}") from e
 
-    def bind(self, handle: Compiled, args: list) -> Optional[Callable[[], list]]:
+    def bind(self, handle: Compiled, args: list, outs: Optional[list] = None) -> Optional[Callable[[], Optional[list]]]:
         """execute(handle, args) as a call without arguments, for args that stay the same arrays
-        (the runtime's shape plans); None when traced (each call reports its nodes)."""
+        (the runtime's shape plans); None when traced (each call reports its nodes). `outs`, per
+        argument, the array the runtime fixed for it (None where it did not): when every output
+        has one, the call writes the outputs there and returns None (see Compiled.bind)."""
         if handle.event_tracer is not None:
             return None
-        run = handle.bind(args[:len(handle.inputs)])
+        n, count = len(handle.inputs), len(handle.outputs)
+        dests = list(outs[n:n + count]) if outs is not None else []
+        if len(dests) == count and all(isinstance(d, np.ndarray) for d in dests):
+            return handle.bind(args[:n], dests)
+        run = handle.bind(args[:n])
         return lambda: [np.asarray(o) for o in run()]
 
     def execute(self, handle: Compiled, args: list) -> Optional[list]:
