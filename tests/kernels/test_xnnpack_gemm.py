@@ -116,6 +116,25 @@ def test_channelwise_blas_sums_stay_exact_at_the_largest_terms():
     assert abs(int(exact.min())) > 2 ** 24  # the whole sum is past float32's integers; each run is not
 
 
+@pytest.mark.parametrize("n", [200, 1536])  # one thread; big enough for the second core to take half
+def test_the_product_bound_to_fixed_arrays_writes_what_the_step_returns(n):
+    """bind_blockwise_from_float_into: a bound XNNPACK delegate's decode mat-vec, its arguments
+    gathered once, writing into the output's array; the same bits as the step's own call."""
+    rng = np.random.default_rng(n)
+    k = 576
+    packed = XG.pack_blockwise(rng.integers(-8, 8, (n, k)).astype(np.int8),
+                               (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float32))
+    bias = rng.standard_normal(n).astype(np.float32)
+    x, out = np.empty((1, 1, k), np.float32), np.empty((1, 1, n), np.float32)
+    run = XG.bind_blockwise_from_float_into(packed, bias, x, out)
+    assert run is not None
+    for _ in range(3):  # the arrays' contents change between calls, as a decode step's do
+        x[...] = rng.standard_normal((1, 1, k)) * 3
+        run()
+        np.testing.assert_array_equal(out.reshape(1, n), XG.bind_blockwise_from_float(packed, bias)(x.reshape(1, k)))
+    assert XG.bind_blockwise_from_float_into(packed, bias, x, np.empty((1, n), np.float32)) is None  # not its shape
+
+
 def test_a_row_with_inf_gives_non_finite_outputs_not_an_error():
     """An activation that overflowed: the row's scale is inf (255 / inf, then 1 / 0), as numpy and
     XNNPACK give, and the product is not finite; the compiled kernel raised ZeroDivisionError."""

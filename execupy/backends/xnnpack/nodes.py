@@ -16,7 +16,8 @@ integers exactly as XNNPACK does.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -40,6 +41,17 @@ ALIGN_CORNERS = 0x8
 TENSORFLOW_LEGACY_MODE = 0x4
 # Static sizes a node may produce; a hostile graph must not make us allocate without bound.
 MAX_STATIC_ELEMENTS = 1 << 28
+
+
+@dataclass
+class FixedBinding:
+    """A step that can also run on arrays fixed for every call (a bound delegate's input, and
+    the array its output is copied to): `bind(x, y)` gives a call without arguments that reads
+    value `reads` from x and writes value `writes` into y, or None where it cannot."""
+
+    reads: int
+    writes: int
+    bind: Callable[[np.ndarray, np.ndarray], Optional[Callable[[], None]]]
 
 
 def NOTHING(vals: list) -> None:
@@ -418,13 +430,17 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
         product = lambda q, zp, s: XG.gemm_channelwise(q, zp, s, w_signed, w_scale, bias)
         from_float = XG.quantizing(product)
 
-    clamp = (lambda y: y) if lo == -np.inf and hi == np.inf else (lambda y: np.clip(y, lo, hi))
+    unclamped = lo == -np.inf and hi == np.inf
+    clamp = (lambda y: y) if unclamped else (lambda y: np.clip(y, lo, hi))
     src = g.fused_quantize.get(x_id)
     if src is not None:
         def step_quantizing(vals: list) -> None:
             x = vals[src]  # fp32: the Convert to qdint8 before this node, done here (Q.quantize_dynamic)
             vals[out] = clamp(from_float(x.reshape(-1, n_in))).reshape(*x.shape[:-1], n_out)
 
+        if g.values[w_id].datatype == "qbint4" and unclamped:
+            step_quantizing.bind_fixed = FixedBinding(src, out, lambda x, y: XG.bind_blockwise_from_float_into(
+                packed, bias, x, y))
         return step_quantizing
 
     def step(vals: list) -> None:

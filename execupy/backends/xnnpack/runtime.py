@@ -84,8 +84,10 @@ class Compiled:
         vals = self._bound(args)
         fixed = {i for i, _ in self.inputs}  # filled once: never released
         releases = [tuple(i for i in dead if i not in fixed) for dead in self.releases]
-        plan = [(step, dead) for step, dead in zip(self.steps, releases) if step is not NOTHING or dead]
         outputs = self.outputs
+        dest_of = dict(zip(outputs, dests)) if dests is not None else {}
+        steps = [self._bind_fixed(step, vals, fixed, dest_of) for step in self.steps]
+        plan = [(step, dead) for step, dead in zip(steps, releases) if step is not NOTHING or dead]
 
         def run_bound() -> list:
             for step, dead in plan:
@@ -96,7 +98,7 @@ class Compiled:
 
         if dests is None:
             return run_bound
-        pairs, copyto = list(zip(outputs, dests)), np.copyto
+        pairs, copyto = [(i, dest) for i, dest in dest_of.items() if vals[i] is not dest], np.copyto
 
         def run_into() -> Optional[list]:
             for step, dead in plan:
@@ -111,6 +113,26 @@ class Compiled:
             return None
 
         return run_into
+
+    @staticmethod
+    def _bind_fixed(step: Step, vals: list, fixed: set, dest_of: dict) -> Step:
+        """A step reading a bound input and writing an output whose array is given, run on those
+        arrays (nodes.FixedBinding: a decode mat-vec with its arguments gathered once, written
+        straight into the output's array, which the value list then holds); else the step."""
+        binding = getattr(step, "bind_fixed", None)
+        if binding is None or binding.reads not in fixed or binding.writes not in dest_of:
+            return step
+        dest = dest_of[binding.writes]
+        x = vals[binding.reads]
+        run = binding.bind(x, dest) if isinstance(x, np.ndarray) else None
+        if run is None:
+            return step
+        vals[binding.writes] = dest
+
+        def fixed_step(_vals: list) -> None:
+            run()
+
+        return fixed_step
 
     def run_traced(self, args: list) -> list:
         """run(), reporting each node as a delegate event: its kind, debug id = its node index."""

@@ -284,6 +284,34 @@ def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) ->
     return from_float
 
 
+def bind_blockwise_from_float_into(w: BlockwiseWeight, bias: Optional[np.ndarray], x: np.ndarray,
+                                   out: np.ndarray) -> Optional[Callable[[], None]]:
+    """out = the product of x (quantized first) with w (+ bias) on arrays fixed now (a decode
+    step's, x [..., K] and out [..., N] float32 in C order, a few rows): the compiled mat-vec
+    with its arguments gathered once; None where numba is not loaded or the arrays do not fit."""
+    if NUMBA is None or x.dtype != F32 or out.dtype != F32 or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    if x.ndim == 0 or x.shape[-1] != w.k or out.shape != x.shape[:-1] + (w.n,) or np.may_share_memory(x, out):
+        return None
+    rows = x.reshape(-1, w.k)
+    if rows.shape[0] >= MATVEC_MAX_ROWS:
+        return None
+    bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
+    from .second_thread import SECOND_THREAD
+
+    args = (rows, w.words, w.scales, w.ksum, bias_or_zeros, w.block, out.reshape(-1, w.n))
+    run, kernel = SECOND_THREAD.run, xnnpack_gemm_jit().blockwise_matvec_from_float
+    site = w if w.nbytes >= quantized.SHARE_MIN_BYTES else None
+    return lambda: run(kernel, args, site)
+
+
+def xnnpack_gemm_jit():
+    """The compiled kernels' module (numba loaded)."""
+    from . import xnnpack_gemm_jit as K
+
+    return K
+
+
 _warmed: list[bool] = []
 
 
