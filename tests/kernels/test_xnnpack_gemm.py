@@ -20,8 +20,10 @@ def _activations(rng, m: int, k: int):
 
 
 # the last three share half their panels with the second thread (from quantized.SHARE_MIN_BYTES of weight)
+# and from MATVEC_MAX_ROWS rows on, a prompt's kernel: with VNNI four rows at a time, then the rest one by one
 @pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96),
-                                           (4, 4000, 576, 32), (1, 1000, 576, 32), (1, 8192, 576, 32)])
+                                           (4, 4000, 576, 32), (1, 1000, 576, 32), (1, 8192, 576, 32),
+                                           (11, 300, 576, 32), (113, 200, 1536, 64)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
     rng = np.random.default_rng(m * n + k)
@@ -207,7 +209,11 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "blockwise_tiles",
-                          "blockwise_tiles_parallel", "channelwise", "scale_sums", "quantize_rows"}
+    from execupy.kernels.fast.vnni_jit import VNNI
+
+    prompt_kernels = {"blockwise_rows_range", "blockwise_rows_parallel"} if VNNI else {"blockwise_tiles",
+                                                                                      "blockwise_tiles_parallel"}
+    assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "channelwise", "scale_sums",
+                          "quantize_rows"} | prompt_kernels
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

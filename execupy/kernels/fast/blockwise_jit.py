@@ -13,7 +13,7 @@ import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .quantized_jit import exact_nibble_sums
-from .vnni_jit import PANEL, VNNI, panel_chain
+from .vnni_jit import PANEL, ROWS, VNNI, panel_chain, panel_chain_rows
 
 
 @numba.njit(cache=True)
@@ -61,3 +61,29 @@ def blockwise_panels(a, xbytes, shifts, words, scales, ksum, zr, block, p0, p1, 
         for j in range(PANEL):
             v[p - p0, j] = ksum[p * PANEL + j] * zr
     _chains(a, xbytes, shifts, words, scales, block // 8, p0, p1, v)
+
+
+@numba.njit(cache=True, nogil=True)
+def blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block, p0, p1, v, out):
+    """out[:, panels p0..p1's columns] for every row of a prompt, with AVX512-VNNI only
+    (panel_chain_rows: ROWS rows at a time, the rest one by one). xbytes [M, K/8, 2], shifts
+    [M, blocks] and zr [M] are each row's activation_bytes and zp + 128; v [M, PANEL] scratch.
+    Each output is blockwise_panels' chain, then times the row's scale plus the bias, as the
+    mat-vec finishes it: the same bits."""
+    m, n, per = xbytes.shape[0], out.shape[1], block // 8
+    for p in range(p0, p1):
+        for r in range(m):
+            for j in range(PANEL):
+                v[r, j] = ksum[p * PANEL + j] * zr[r]
+        r = 0
+        while r + ROWS <= m:
+            panel_chain_rows(words, xbytes, shifts, scales, per, p, v, r)
+            r += ROWS
+        while r < m:
+            panel_chain(words, xbytes[r], shifts[r], scales, per, p, v, r)
+            r += 1
+        c0 = p * PANEL
+        for r in range(m):
+            o, chain, xs = out[r], v[r], x_scale[r]
+            for j in range(min(PANEL, n - c0)):
+                o[c0 + j] = np.float32(chain[j] * xs) + bias[c0 + j]

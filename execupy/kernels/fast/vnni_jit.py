@@ -125,3 +125,58 @@ def panel_chain(typingctx, words, xbytes, shifts, scales, per_block, p, v, i):
             builder.store(builder.load(v), at, align=4)
         return context.get_dummy_value()
     return types.void(words, xbytes, shifts, scales, per_block, p, v, i), codegen
+
+
+ROWS = 4  # rows of a prompt per panel_chain_rows: one unpacking of a word row feeds four rows' sums
+
+
+@intrinsic
+def panel_chain_rows(typingctx, words, xbytes, shifts, scales, per_block, p, v, r0):
+    """panel_chain for ROWS rows r0.. of a prompt at once: v[r0 + m, :] = the chain of row r0 + m
+    over every block for panel p's PANEL outputs, each word row's nibbles unpacked once for all
+    of them. xbytes int32 [M, K/8, 2] and shifts float32 [M, blocks] hold each row's panel_chain
+    operands; v float32 [M, PANEL] the chains, starting as given. Per row and output the
+    operations are panel_chain's, in its order: the same bits."""
+    def codegen(context, builder, sig, args):
+        words_t, x_t, shifts_t, scales_t, _, _, v_t, _ = sig.args
+        w_arr = context.make_array(words_t)(context, builder, args[0])
+        x_arr = context.make_array(x_t)(context, builder, args[1])
+        sh_arr = context.make_array(shifts_t)(context, builder, args[2])
+        sc_arr = context.make_array(scales_t)(context, builder, args[3])
+        v_arr = context.make_array(v_t)(context, builder, args[6])
+        per, p, r0 = args[4], args[5], args[7]
+        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
+                                             "llvm.x86.avx512.vpdpbusd.512")
+        low_nibbles, four = ir.Constant(_V16, [0x0F0F0F0F] * LANES), ir.Constant(_V16, [4] * LANES)
+        intp = cgutils.intp_t
+        zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
+        columns = [ir.Constant(intp, LANES * g) for g in range(VECTORS)]
+        rows = [builder.add(r0, ir.Constant(intp, m)) for m in range(ROWS)]
+        accs = [[cgutils.alloca_once(builder, _V16) for _ in columns] for _ in rows]
+        with cgutils.for_range_slice(builder, zero, builder.extract_value(sc_arr.shape, 1), one) as (b, _):
+            for row_accs in accs:
+                for acc in row_accs:
+                    builder.store(ir.Constant(_V16, None), acc)
+            start = builder.mul(b, per)
+            with cgutils.for_range_slice(builder, start, builder.add(start, per), one) as (r, _):
+                even = [_splat(builder, _item(context, builder, x_t, x_arr, [row, r, zero])) for row in rows]
+                odd = [_splat(builder, _item(context, builder, x_t, x_arr, [row, r, one])) for row in rows]
+                for g, c in enumerate(columns):
+                    at = _vector_at(context, builder, words_t, w_arr, [p, r, c])
+                    prefetch_ahead(builder, at)
+                    w = builder.load(at, align=4)
+                    low, high = builder.and_(w, low_nibbles), builder.and_(builder.lshr(w, four), low_nibbles)
+                    for m in range(ROWS):
+                        total = builder.call(dot, [builder.load(accs[m][g]), even[m], low])
+                        builder.store(builder.call(dot, [total, odd[m], high]), accs[m][g])
+            for m, row in enumerate(rows):
+                shift = _splat(builder, _item(context, builder, shifts_t, sh_arr, [row, b]), _V16F)
+                for g, c in enumerate(columns):
+                    sums = builder.fsub(builder.sitofp(builder.load(accs[m][g]), _V16F), shift)  # exact: below 2**24
+                    scale = builder.load(_vector_at(context, builder, scales_t, sc_arr, [p, b, c]), align=4)
+                    v_at = _vector_at(context, builder, v_t, v_arr, [row, c])
+                    product = builder.fmul(builder.fpext(sums, _V16D), builder.fpext(scale, _V16D))
+                    total = builder.fadd(builder.fpext(builder.load(v_at, align=4), _V16D), product)
+                    builder.store(builder.fptrunc(total, _V16F), v_at, align=4)
+        return context.get_dummy_value()
+    return types.void(words, xbytes, shifts, scales, per_block, p, v, r0), codegen

@@ -46,9 +46,10 @@ BLAS_EXACT_INPUTS = 512
 # numba kernel's worker threads left spinning after it slowed the BLAS products between (a BERT
 # forward: 0.44 s with them, 0.05 s on one thread each); fewer rows keep the numba kernel.
 CHANNELWISE_BLAS_MIN_ROWS = 8
-TILE = 256  # output channels per weight tile of the many-row kernel: a tile's block sums stay in L1
+TILE = 256  # output channels per weight tile of the many-row kernel without VNNI: a tile's block sums stay in L1
 # Fewer rows than this (a decode step) take the mat-vec kernel, which reads the 4-bit words once per row;
-# more (a prompt) unpack a tile of weights once and run every row over it.
+# more (a prompt) run four rows at a time through vpdpbusd (blockwise_jit.blockwise_rows) where the CPU
+# has AVX512-VNNI, else unpack a tile of weights once and run every row over it.
 MATVEC_MAX_ROWS = 4
 # A block's sum of (q + 128) * (w + 8) is at most 255 * 15 per input: below 2**24, exact in float32 in any order.
 MAX_EXACT_BLOCK = (1 << 24) // (255 * 15)
@@ -186,6 +187,7 @@ def _compile() -> Optional[dict[str, Callable]]:
 
         from . import xnnpack_gemm_jit as K
         from .second_thread import SECOND_THREAD
+        from .vnni_jit import VNNI
     except ImportError:
         return None
 
@@ -203,8 +205,16 @@ def _compile() -> Optional[dict[str, Callable]]:
         if m < MATVEC_MAX_ROWS:
             blockwise_matvec(q, zp, x_scale, w, bias, out)
             return out
-        run = K.blockwise_tiles_parallel if m * w.n * w.k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1 \
-            else K.blockwise_tiles
+        parallel = m * w.n * w.k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1
+        if VNNI:  # four rows at a time through vpdpbusd, each word row unpacked once for them
+            if parallel:
+                K.blockwise_rows_parallel(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block,
+                                          numba.get_num_threads(), out)
+            else:
+                K.blockwise_rows_range(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, 0, w.words.shape[0],
+                                       out)
+            return out
+        run = K.blockwise_tiles_parallel if parallel else K.blockwise_tiles
         a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
         run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
         return out

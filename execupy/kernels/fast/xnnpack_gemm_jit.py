@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from .blockwise_jit import PANEL, activation_bytes, blockwise_panels
+from .blockwise_jit import PANEL, VNNI, activation_bytes, blockwise_panels, blockwise_rows
 from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
 from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
@@ -141,6 +141,30 @@ def blockwise_tiles_parallel(a, zp, x_scale, words, scales, ksum, bias, block, o
         blockwise_tile(a, zp, x_scale, words, scales, ksum, bias, block, out, t)
 
 
+@numba.njit(cache=True, nogil=True)
+def blockwise_rows_range(q, zp, x_scale, words, scales, ksum, bias, block, p0, p1, out):
+    """A prompt's rows against panels p0..p1 through vpdpbusd (blockwise_jit.blockwise_rows; AVX512-VNNI only)."""
+    m, k = q.shape
+    xbytes, shifts = np.empty((m, k // 8, 2), np.int32), np.empty((m, k // block), np.float32)
+    zr, a = np.empty(m, np.float32), np.empty(k, np.float32)
+    for r in range(m):
+        for i in range(k):
+            a[i] = np.float32(q[r, i]) + np.float32(128)  # qdu8's activations
+        activation_bytes(a, block, xbytes[r], shifts[r])
+        zr[r] = np.float32(zp[r]) + np.float32(128)
+    blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block, p0, p1,
+                   np.empty((m, PANEL), np.float32), out)
+
+
+@numba.njit(parallel=True, cache=True)
+def blockwise_rows_parallel(q, zp, x_scale, words, scales, ksum, bias, block, parts, out):
+    """blockwise_rows_range over every panel, the panels split evenly in `parts` (numba's threads)."""
+    panels = words.shape[0]
+    for t in numba.prange(parts):
+        blockwise_rows_range(q, zp, x_scale, words, scales, ksum, bias, block, panels * t // parts,
+                             panels * (t + 1) // parts, out)
+
+
 @numba.njit(parallel=True, cache=True)
 def channelwise(q, zp, x_scale, w, w_scale, bias, out):
     m, k = q.shape
@@ -192,5 +216,7 @@ def quantize_rows(x, q, scale, zero):
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
 # the helpers are compiled into the kernels that call them).
 KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float,
-           "blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel, "channelwise": channelwise, "scale_sums": scale_sums,
-           "quantize_rows": quantize_rows}
+           "channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
+           # a prompt's rows: through vpdpbusd where the CPU has it, else a tile of unpacked weights at a time
+           **({"blockwise_rows_range": blockwise_rows_range, "blockwise_rows_parallel": blockwise_rows_parallel} if VNNI
+              else {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel})}
