@@ -18,21 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any, Optional, Sequence
 
-# Read once, when numpy loads OpenBLAS: how long its idle worker threads keep spinning, as 2**n
-# CPU cycles (OpenBLAS's default, 28, is about 0.1 s). A prompt's last BLAS product is followed
-# by the first decode steps, which want both cores for their own threads: with the default they
-# ran beside spinning OpenBLAS threads (SmolLM2 fp32, decode steps 3-5 at 16 ms against 9.5).
-# 2**20 cycles, a fraction of a millisecond, still spans the gaps between a prompt's products.
-# Only the command line sets it, and never over a value the user set.
-if "numpy" not in sys.modules:
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
-
-import numpy as np  # noqa: E402  (after the OpenBLAS setting above)
+import numpy as np
 
 from .errors import ExecupyError, InvalidInputError
 from .fileio import atomic_write

@@ -194,16 +194,21 @@ def test_a_float32_decode_linear_shares_its_rows_with_the_second_core(tmp_path, 
     assert shapes and set(shapes) == {(768, 512)}
 
 
-def test_the_command_line_shortens_openblass_spin_unless_the_user_set_it():
-    """execupy/cli.py: set before numpy loads OpenBLAS, so that its idle threads stop spinning
-    a fraction of a millisecond after a prompt's products instead of ~0.1 s into the decode."""
+def test_execupy_imported_first_shortens_openblass_spin_unless_the_user_set_it():
+    """execupy/__init__.py: set before numpy loads OpenBLAS, so that its idle threads stop spinning
+    a fraction of a millisecond after an attention's or a prompt's products, not ~0.1 s into the
+    compiled kernels' threads that run next. The command line imports execupy first."""
     import os
     import subprocess
     import sys
 
-    show = "import os, execupy.cli; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    show = "import os, {} ; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    assert subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip() == "20"
-    assert subprocess.run([sys.executable, "-c", show], env={**env, "OPENBLAS_THREAD_TIMEOUT": "28"},
-                          capture_output=True, text=True, check=True).stdout.strip() == "28"
+
+    def seen(imports: str, **extra: str) -> str:
+        return subprocess.run([sys.executable, "-c", show.format(imports)], env={**env, **extra}, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert seen("execupy.cli") == seen("execupy.runtime") == "20"
+    assert seen("execupy", OPENBLAS_THREAD_TIMEOUT="28") == "28"
+    assert seen("numpy, execupy") == "None"  # too late to matter: left alone
