@@ -137,6 +137,20 @@ def test_the_product_bound_to_fixed_arrays_writes_what_the_step_returns(n):
     assert XG.bind_blockwise_from_float_into(packed, bias, x, np.empty((1, n), np.float32)) is None  # not its shape
 
 
+@pytest.mark.parametrize("rows", [1, 7])
+def test_filters_side_by_side_give_each_filters_own_outputs(rows):
+    """side_by_side: q, k and v of one input as one product (widths not whole panels included)."""
+    rng = np.random.default_rng(rows)
+    k = 576
+    weights = [XG.pack_blockwise(rng.integers(-8, 8, (n, k)).astype(np.int8),
+                                 (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float32)) for n in (576, 192, 100)]
+    both, starts = XG.side_by_side(weights)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    y = XG.bind_blockwise_from_float(both, None)(x)
+    for w, start in zip(weights, starts):
+        np.testing.assert_array_equal(y[:, start:start + w.n], XG.bind_blockwise_from_float(w, None)(x))
+
+
 def test_a_row_with_inf_gives_non_finite_outputs_not_an_error():
     """An activation that overflowed: the row's scale is inf (255 / inf, then 1 / 0), as numpy and
     XNNPACK give, and the product is not finite; the compiled kernel raised ZeroDivisionError."""

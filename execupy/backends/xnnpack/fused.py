@@ -1,6 +1,8 @@
 """Node patterns of a delegate run as one step: the rotary embedding, which ExecuTorch's XNNPACK
 partitioner leaves as nine nodes for each of q and k (SmolLM2's decode step runs 30 such
-delegates per token, each node a numpy call of a microsecond on 9 x 32 floats).
+delegates per token, each node a numpy call of a microsecond on 9 x 32 floats); and the 4-bit
+products of one input (a layer's q, k and v; its gate and up) as one product over their
+filters side by side, quantizing the input once, the small k and v no longer alone on one core.
 
 `fused_steps(graph, g)` finds the patterns; for each it returns the step of its last node,
 which does the whole pattern's work, and NOTHING for the others. The step computes what the
@@ -10,12 +12,13 @@ are the same bits. `reads_at` tells the release plan that the last node reads th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from ...kernels.fast import compiled_decode, rotate_pairs
-from .nodes import NOTHING, Step
+from ...kernels.fast import xnnpack_gemm as XG
+from .nodes import NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w
 from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
 
 
@@ -121,9 +124,71 @@ def _rows_with_tables(a, b, c, s) -> bool:
             and all(t.dtype == np.float32 and t.flags.c_contiguous for t in (a, b, c, s)))
 
 
-def fused_steps(graph: Graph) -> Fused:
+def _sibling_products(graph: Graph, g) -> list[list[int]]:
+    """Groups of two or more qb4w FullyConnected nodes (no clamp) that quantize the same fp32
+    value themselves (GraphContext.fused_quantize) with the same number of inputs and block: an
+    LLM layer's q, k and v projections, its gate and up."""
+    groups: dict[tuple, list[int]] = {}
+    for k, node in enumerate(graph.nodes):
+        if node.kind != "FullyConnected" or not _unclamped(node):
+            continue
+        f = node.fields
+        src = g.fused_quantize.get(f["input1_id"])
+        if src is None or graph.values[f["filter_id"]].datatype != "qbint4" or f["bias_id"] != NO_VALUE:
+            continue
+        filter_value = graph.values[f["filter_id"]]
+        in_dim = 0 if f["flags"] & TRANSPOSE_WEIGHTS else 1
+        if len(filter_value.dims) != 2 or filter_value.quant is None or not filter_value.quant.group_size:
+            continue
+        groups.setdefault((src, filter_value.dims[in_dim], filter_value.quant.group_size), []).append(k)
+    return [ks for ks in groups.values() if len(ks) > 1]
+
+
+def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Step:
+    """One product for the sibling filters side by side (xnnpack_gemm.side_by_side), each output
+    the columns of its filter: the bits each node's own product gives."""
+    nodes = [graph.nodes[k] for k in ks]
+    packed = [pack_qb4w((filter_matrix(n, g).astype(np.int16) - 8).astype(np.int8), g.scales(n.fields["filter_id"]))
+              for n in nodes]
+    both, starts = XG.side_by_side(packed)
+    src = g.fused_quantize[nodes[0].fields["input1_id"]]
+    parts = [(n.fields["output_id"], start, w.n) for n, start, w in zip(nodes, starts, packed)]
+    from_float, k_in = XG.bind_blockwise_from_float(both, None), both.k
+
+    def sibling_products_step(vals: list) -> None:
+        x = vals[src]
+        y = from_float(x.reshape(-1, k_in))
+        for out, start, n in parts:
+            vals[out] = np.ascontiguousarray(y[:, start:start + n]).reshape(*x.shape[:-1], n)
+
+    def bind(x: np.ndarray, ys: list[np.ndarray]) -> Optional[Callable[[], None]]:
+        if x.ndim == 0:
+            return None
+        scratch = np.empty(x.shape[:-1] + (both.n,), np.float32)
+        run = XG.bind_blockwise_from_float_into(both, None, x, scratch)
+        if run is None or any(y.shape != x.shape[:-1] + (n,) or y.dtype != np.float32 for y, (_, _, n) in zip(ys, parts)):
+            return None
+        copies = [(y, scratch[..., start:start + n]) for y, (_, start, n) in zip(ys, parts)]
+        copyto = np.copyto
+
+        def sibling_products() -> None:
+            run()
+            for y, columns in copies:
+                copyto(y, columns)
+
+        return sibling_products
+
+    sibling_products_step.bind_fixed = FixedBinding(src, tuple(out for out, _, _ in parts), bind)
+    return sibling_products_step
+
+
+def fused_steps(graph: Graph, g) -> Fused:
     nodes = _Nodes(graph)
     fused = Fused({}, {})
+    for ks in _sibling_products(graph, g):  # the products run where the first one did: their input is ready there
+        for k in ks:
+            fused.steps[k], fused.reads_at[k] = NOTHING, ks[0]
+        fused.steps[ks[0]] = _sibling_products_step(graph, g, ks)
     for k, node in enumerate(graph.nodes):
         if node.kind != "Concatenate2":
             continue

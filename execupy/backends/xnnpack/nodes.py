@@ -46,12 +46,12 @@ MAX_STATIC_ELEMENTS = 1 << 28
 @dataclass
 class FixedBinding:
     """A step that can also run on arrays fixed for every call (a bound delegate's input, and
-    the array its output is copied to): `bind(x, y)` gives a call without arguments that reads
-    value `reads` from x and writes value `writes` into y, or None where it cannot."""
+    the arrays its outputs are copied to): `bind(x, ys)` gives a call without arguments that
+    reads value `reads` from x and writes the values `writes` into ys, or None where it cannot."""
 
     reads: int
-    writes: int
-    bind: Callable[[np.ndarray, np.ndarray], Optional[Callable[[], None]]]
+    writes: tuple[int, ...]
+    bind: Callable[[np.ndarray, list[np.ndarray]], Optional[Callable[[], None]]]
 
 
 def NOTHING(vals: list) -> None:
@@ -353,14 +353,20 @@ def _convert(node: Node, g) -> Step:
 # ---------------------------------------------------------------- fully connected
 
 
+def filter_matrix(node: Node, g) -> np.ndarray:
+    """A FullyConnected's filter as [out, in] (its stored values)."""
+    f = node.fields
+    w = g.const(f["filter_id"], "FullyConnected filter")
+    if f["flags"] & TRANSPOSE_WEIGHTS:
+        w = w.T
+    return np.ascontiguousarray(w)
+
+
 def _fully_connected(node: Node, g) -> Step:
     f = node.fields
     x_id, w_id, b_id, out = f["input1_id"], f["filter_id"], f["bias_id"], f["output_id"]
     x_val, w_val, out_val = g.values[x_id], g.values[w_id], g.values[out]
-    w = g.const(w_id, "FullyConnected filter")
-    if f["flags"] & TRANSPOSE_WEIGHTS:
-        w = w.T
-    w = np.ascontiguousarray(w)  # [out, in]
+    w = filter_matrix(node, g)
     has_bias = _present(g, b_id)
     if x_val.datatype in ("qint8", "quint8"):
         return _fc_static_quant(node, g, w, has_bias)
@@ -416,13 +422,7 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     lo, hi = F32(node.output_min), F32(node.output_max)
     n_out, n_in = w_signed.shape
     if g.values[w_id].datatype == "qbint4":
-        if n_in % scales.shape[1] or (n_in // scales.shape[1]) % XG.KSUM_CHUNK:
-            raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with {scales.shape[1]} blocks over "
-                                           f"{n_in} inputs (XNNPACK needs blocks of a multiple of {XG.KSUM_CHUNK})")
-        if n_in // scales.shape[1] > XG.MAX_EXACT_BLOCK:
-            raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with blocks of {n_in // scales.shape[1]} "
-                                           f"inputs (execupy sums a block exactly up to {XG.MAX_EXACT_BLOCK})")
-        packed = XG.pack_blockwise(w_signed, scales)
+        packed = pack_qb4w(w_signed, scales)
         product = XG.bind_blockwise(packed, bias)
         from_float = XG.bind_blockwise_from_float(packed, bias)
     else:
@@ -439,8 +439,8 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
             vals[out] = clamp(from_float(x.reshape(-1, n_in))).reshape(*x.shape[:-1], n_out)
 
         if g.values[w_id].datatype == "qbint4" and unclamped:
-            step_quantizing.bind_fixed = FixedBinding(src, out, lambda x, y: XG.bind_blockwise_from_float_into(
-                packed, bias, x, y))
+            step_quantizing.bind_fixed = FixedBinding(src, (out,), lambda x, ys: XG.bind_blockwise_from_float_into(
+                packed, bias, x, ys[0]))
         return step_quantizing
 
     def step(vals: list) -> None:
@@ -449,6 +449,18 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
         vals[out] = clamp(y).reshape(*x.q.shape[:-1], n_out)
 
     return step
+
+
+def pack_qb4w(w_signed: np.ndarray, scales: np.ndarray) -> XG.BlockwiseWeight:
+    """A qb4w filter's signed values [out, in] and block scales, checked and packed for the products."""
+    n_in = w_signed.shape[1]
+    if n_in % scales.shape[1] or (n_in // scales.shape[1]) % XG.KSUM_CHUNK:
+        raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with {scales.shape[1]} blocks over "
+                                       f"{n_in} inputs (XNNPACK needs blocks of a multiple of {XG.KSUM_CHUNK})")
+    if n_in // scales.shape[1] > XG.MAX_EXACT_BLOCK:
+        raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with blocks of {n_in // scales.shape[1]} "
+                                       f"inputs (execupy sums a block exactly up to {XG.MAX_EXACT_BLOCK})")
+    return XG.pack_blockwise(w_signed, scales)
 
 
 # ---------------------------------------------------------------- convolution

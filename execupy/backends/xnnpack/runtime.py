@@ -120,14 +120,14 @@ class Compiled:
         arrays (nodes.FixedBinding: a decode mat-vec with its arguments gathered once, written
         straight into the output's array, which the value list then holds); else the step."""
         binding = getattr(step, "bind_fixed", None)
-        if binding is None or binding.reads not in fixed or binding.writes not in dest_of:
+        if binding is None or binding.reads not in fixed or not all(i in dest_of for i in binding.writes):
             return step
-        dest = dest_of[binding.writes]
         x = vals[binding.reads]
-        run = binding.bind(x, dest) if isinstance(x, np.ndarray) else None
+        run = binding.bind(x, [dest_of[i] for i in binding.writes]) if isinstance(x, np.ndarray) else None
         if run is None:
             return step
-        vals[binding.writes] = dest
+        for i in binding.writes:
+            vals[i] = dest_of[i]
 
         def fixed_step(_vals: list) -> None:
             run()
@@ -359,7 +359,7 @@ def compile_graph(graph: Graph, named_data: Callable[[str], memoryview], event_t
             if name.endswith("_id") and v != NO_VALUE:
                 g.check_id(v, f"node {k} ({node.kind}) field {name}")
     # A traced delegate reports each node as it runs: its nodes are not fused.
-    fused = fused_steps(graph) if event_tracer is None and fusion_enabled() else Fused({}, {})
+    fused = fused_steps(graph, g) if event_tracer is None and fusion_enabled() else Fused({}, {})
     steps = [fused.steps[k] if k in fused.steps else BUILDERS[node.kind](node, g) for k, node in enumerate(graph.nodes)]
     output_ids = [outputs[k] for k in sorted(outputs)]
     return Compiled([inputs[k] for k in sorted(inputs)], output_ids, g.constants, steps,

@@ -110,6 +110,16 @@ def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
                            np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n)
 
 
+def side_by_side(weights: list[BlockwiseWeight]) -> tuple[BlockwiseWeight, list[int]]:
+    """Filters of the same inputs and block as one: their panels one after another (each already
+    padded to whole panels), so that one product computes all their outputs; and where each one's
+    outputs start. A panel's outputs depend on nothing else: each is what its own filter gives."""
+    starts = list(np.cumsum([0] + [w.words.shape[0] * PANEL for w in weights[:-1]]))
+    return BlockwiseWeight(np.concatenate([w.words for w in weights]), np.concatenate([w.scales for w in weights]),
+                           np.concatenate([w.ksum for w in weights]), weights[0].block,
+                           sum(w.words.shape[0] for w in weights) * PANEL), [int(s) for s in starts]
+
+
 def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a.astype(F64) * b.astype(F64) + c.astype(F64)).astype(F32)
 
