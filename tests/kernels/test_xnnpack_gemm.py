@@ -198,6 +198,22 @@ def test_compiled_sigmoid_and_rsqrt_equal_their_numpy_steps():
         np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, vmath._RSQRT14(a.reshape(-1)).reshape(a.shape)))
 
 
+def test_the_compiled_rms_norm_tail_equals_its_four_nodes_in_numpy():
+    """vmath.rms_tail: (x * rsqrt(mean + eps)) * w in one loop where the CPU has AVX-512F, the
+    bits of the Add, ReciprocalSquareRoot and two Multiply nodes (a zero mean + eps: inf times x)."""
+    from execupy.backends.xnnpack import vmath
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 7, 576)).astype(np.float32) * 3
+    mean = np.concatenate([np.square(x).mean(-1, keepdims=True)[:, :6], np.zeros((1, 1, 1), np.float32)], axis=1)
+    w, eps = rng.standard_normal(576).astype(np.float32), np.array([1e-5], np.float32)
+    with np.errstate(all="ignore"):
+        nodes = np.multiply(np.multiply(x, vmath.rsqrt(np.add(mean, eps))), w)
+        np.testing.assert_array_equal(vmath.rms_tail(mean, eps, x, w), nodes)
+        np.testing.assert_array_equal(vmath.rms_tail(mean, np.array([0], np.float32), x, w),
+                                      np.multiply(np.multiply(x, vmath.rsqrt(mean)), w))
+
+
 CACHE_PROBE = """
 import numpy as np
 from execupy.kernels.fast import xnnpack_gemm as XG, xnnpack_gemm_jit as K

@@ -2,7 +2,8 @@
 partitioner leaves as nine nodes for each of q and k (SmolLM2's decode step runs 30 such
 delegates per token, each node a numpy call of a microsecond on 9 x 32 floats); and the 4-bit
 products of one input (a layer's q, k and v; its gate and up) as one product over their
-filters side by side, quantizing the input once, the small k and v no longer alone on one core.
+filters side by side, quantizing the input once, the small k and v no longer alone on one core;
+and an RMSNorm's last four nodes (add eps, rsqrt, two multiplies: vmath.rms_tail).
 
 `fused_steps(graph, g)` finds the patterns; for each it returns the step of its last node,
 which does the whole pattern's work, and NOTHING for the others. The step computes what the
@@ -18,6 +19,7 @@ import numpy as np
 
 from ...kernels.fast import compiled_decode, rotate_pairs
 from ...kernels.fast import xnnpack_gemm as XG
+from . import vmath
 from .nodes import NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w
 from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
 
@@ -182,6 +184,42 @@ def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Step:
     return sibling_products_step
 
 
+def _match_rms_tail(nodes: _Nodes, k: int) -> Optional[tuple[list[int], tuple[int, int, int, int], int]]:
+    """At a Multiply of Multiply(x, ReciprocalSquareRoot(Add(mean, eps))) by w (either operand
+    order at each): (the pattern's node indices, (mean, eps, x, w), the output value)."""
+    graph = nodes.graph
+    last = graph.nodes[k]
+    out = last.fields["output_id"]
+    if last.kind != "Multiply" or not _unclamped(last) or graph.values[out].datatype != "fp32":
+        return None
+    for scaled, w in (_operands(last), _operands(last)[::-1]):
+        inner = nodes.inner(scaled, "Multiply", k)
+        if inner is None:
+            continue
+        for x, r in (_operands(inner), _operands(inner)[::-1]):
+            root = nodes.inner(r, "ReciprocalSquareRoot", nodes.producer[scaled])
+            if root is None:
+                continue
+            add = nodes.inner(root.fields["input_id"], "Add", nodes.producer[r])
+            if add is None:
+                continue
+            mean, eps = _operands(add)
+            if any(graph.values[v].datatype != "fp32" for v in (mean, eps, x, w)):
+                return None
+            found = [k, nodes.producer[scaled], nodes.producer[r], nodes.producer[root.fields["input_id"]]]
+            return found, (mean, eps, x, w), out
+    return None
+
+
+def _rms_tail_step(ids: tuple[int, int, int, int], out: int) -> Step:
+    mean, eps, x, w = ids
+
+    def rms_tail_step(vals: list) -> None:
+        vals[out] = vmath.rms_tail(vals[mean], vals[eps], vals[x], vals[w])
+
+    return rms_tail_step
+
+
 def fused_steps(graph: Graph, g) -> Fused:
     nodes = _Nodes(graph)
     fused = Fused({}, {})
@@ -190,9 +228,12 @@ def fused_steps(graph: Graph, g) -> Fused:
             fused.steps[k], fused.reads_at[k] = NOTHING, ks[0]
         fused.steps[ks[0]] = _sibling_products_step(graph, g, ks)
     for k, node in enumerate(graph.nodes):
-        if node.kind != "Concatenate2":
+        if node.kind == "Concatenate2":
+            match, make = _match_rotate_pairs(nodes, k), _rotate_pairs_step
+        elif node.kind == "Multiply":
+            match, make = _match_rms_tail(nodes, k), _rms_tail_step
+        else:
             continue
-        match = _match_rotate_pairs(nodes, k)
         if match is None:
             continue
         found, ids, out = match
@@ -200,5 +241,5 @@ def fused_steps(graph: Graph, g) -> Fused:
             continue
         for j in found:
             fused.steps[j], fused.reads_at[j] = NOTHING, k
-        fused.steps[k] = _rotate_pairs_step(ids, out)
+        fused.steps[k] = make(ids, out)
     return fused

@@ -121,14 +121,14 @@ def _compile_rsqrt():
         from ...kernels.fast.vnni_jit import target_has
 
         if not target_has("avx512f"):
-            return None, None
+            return None, None, None
         from . import vmath_jit  # module level: numba's disk cache finds its kernels (closures missed it)
     except ImportError:
-        return None, None
-    return vmath_jit.rsqrt14, vmath_jit.rsqrt_newton
+        return None, None, None
+    return vmath_jit.rsqrt14, vmath_jit.rsqrt_newton, vmath_jit.rms_tail_rows
 
 
-_RSQRT14, _RSQRT = _compile_rsqrt()
+_RSQRT14, _RSQRT, _RMS_TAIL = _compile_rsqrt()
 
 
 def newton_step(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -144,3 +144,17 @@ def rsqrt(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
             return (F32(1) / np.sqrt(a)).astype(F32)
     return _RSQRT(a.reshape(-1)).reshape(a.shape)
+
+
+def rms_tail(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(x * rsqrt(mean + eps)) * w as XNNPACK's Add, ReciprocalSquareRoot and two Multiply nodes
+    compute it: one compiled loop where the CPU has AVX-512F (x [..., n] and mean [..., 1] float32
+    rows in C order, w [n], eps one value), else those four operations in numpy."""
+    n = x.shape[-1] if x.ndim else 0
+    if (_RMS_TAIL is not None and n and mean.shape == x.shape[:-1] + (1,) and w.shape == (n,) and eps.size == 1
+            and x.dtype == mean.dtype == w.dtype == eps.dtype == F32 and x.flags.c_contiguous
+            and mean.flags.c_contiguous and w.flags.c_contiguous):
+        out = np.empty(x.shape, F32)
+        _RMS_TAIL(mean.reshape(-1), eps.reshape(-1)[0], x.reshape(-1, n), w, out.reshape(-1, n))
+        return out
+    return np.multiply(np.multiply(x, rsqrt(np.add(mean, eps))), w)

@@ -1,4 +1,4 @@
-"""The AVX-512 kernels of vmath.py's rsqrt (imported only where numba is installed and the CPU
+"""The AVX-512 kernels of vmath.py's rsqrt, alone and closing an RMSNorm (imported only where numba is installed and the CPU
 has AVX-512F): module-level functions, which numba's disk cache finds in the next process (as
 closures they were compiled again in every process, 0.4 s in the first forward call)."""
 from __future__ import annotations
@@ -37,14 +37,29 @@ def rsqrt14(a):
     return out
 
 
+@numba.njit(cache=True, inline="always")
+def _rsqrt_newton_one(v):
+    # rsqrt14 and vmath.newton_step for one float32, each operation in float32 as there
+    one, half = np.float32(1), np.float32(0.5)
+    y = _estimate(v)
+    y = np.float32(y - np.float32(np.float32(v * np.float32(y * y)) - one) * np.float32(half * y))
+    return np.float32(0) if v == np.inf else y
+
+
 @numba.njit(cache=True)
 def rsqrt_newton(a):
-    # rsqrt14 and vmath.newton_step in one loop, each operation in float32 as there
+    # XNNPACK's rsqrt of a float32 [N]
     out = np.empty_like(a)
-    one, half = np.float32(1), np.float32(0.5)
     for i in range(a.size):
-        v = a[i]
-        y = _estimate(v)
-        y = np.float32(y - np.float32(np.float32(v * np.float32(y * y)) - one) * np.float32(half * y))
-        out[i] = np.float32(0) if v == np.inf else y
+        out[i] = _rsqrt_newton_one(a[i])
     return out
+
+
+@numba.njit(cache=True, error_model="numpy")
+def rms_tail_rows(mean, eps, x, w, out):
+    # out[r] = (x[r] * rsqrt(mean[r] + eps)) * w for x, out [R, n], mean [R], w [n]: an RMSNorm's
+    # last four XNNPACK nodes (Add, ReciprocalSquareRoot, Multiply, Multiply), each rounded as there
+    for r in range(x.shape[0]):
+        y = _rsqrt_newton_one(np.float32(mean[r] + eps))
+        for i in range(x.shape[1]):
+            out[r, i] = np.float32(x[r, i] * y) * w[i]
