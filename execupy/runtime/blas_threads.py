@@ -172,6 +172,9 @@ def in_halves(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def both(first: Callable[[], object], second: Callable[[], object]) -> None:
     """first() on this thread and second() on the worker at the same time, BLAS on one thread
     in each (one after the other where BLAS has one thread anyway). Both must release the GIL
@@ -180,6 +183,18 @@ def both(first: Callable[[], object], second: Callable[[], object]) -> None:
         first(), second()
         return
     _BLAS.use(1)
+    at_once(first, second)
+
+
+def at_once(first: Callable[[], object], second: Callable[[], object]) -> None:
+    """first() on this thread and second() on the worker at the same time, BLAS left as it is:
+    for two compiled kernels that call no BLAS (numba's nogil ones), on a machine with two
+    cores or more (else one after the other). The worker sleeps between calls: numba's own
+    thread pool kept spinning after its kernels, beside the BLAS products of a prompt's
+    attention, and each slowed the other."""
+    if _CORES < 2:
+        first(), second()
+        return
     other = _worker().submit(second)
     try:
         first()

@@ -106,6 +106,26 @@ def test_channelwise_numba_equals_numpy(m, n, k, bits):
     np.testing.assert_array_equal(ours, XG.NUMPY["channelwise"](q, zp, scale, w, w_scale, bias))
 
 
+@pytest.mark.parametrize("m, n, k", [(4, 64, 64), (5, 70, 96), (13, 200, 30), (128, 1024, 256), (128, 256, 1024)])
+@pytest.mark.parametrize("halves", [False, True])
+def test_bound_channelwise_equals_numpy(m, n, k, halves):
+    """bind_channelwise: a prompt's rows through vpdpbusd where the CPU has AVX512-VNNI (four at a
+    time, then the rest; N and K not whole panels and quads included), in two halves at once when
+    given a way to run two calls; elsewhere and for fewer rows, gemm_channelwise."""
+    from execupy.runtime import blas_threads
+
+    rng = np.random.default_rng(m * n + k)
+    q, zp, scale = _activations(rng, m, k)
+    w = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    w_scale, bias = (rng.random(n) * 0.1).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    product = XG.bind_channelwise(w, w_scale, bias, blas_threads.at_once if halves else None)
+    np.testing.assert_array_equal(product(q, zp, scale), XG.gemm_channelwise_numpy(q, zp, scale, w, w_scale, bias))
+    extremes = np.full((m, k), 127, np.int8), np.full(m, -128, np.int32)  # the largest terms: (127 + 128) * -127
+    w_low = np.full((n, k), -127, np.int8)
+    np.testing.assert_array_equal(XG.bind_channelwise(w_low, w_scale, None)(*extremes, scale),
+                                  XG.gemm_channelwise_numpy(*extremes, scale, w_low, w_scale, None))
+
+
 def test_channelwise_blas_sums_stay_exact_at_the_largest_terms():
     """Every term 255 * -128 (or 255 * 127): the float32 BLAS runs must still sum exactly."""
     m, n, k = 9, 5, 1500
@@ -230,6 +250,8 @@ for parallel_min in (10 ** 12, 0):  # a prompt's rows on one thread, then on eve
 for rows in (3, 8):  # the numba kernel, then BLAS sums scaled by numba
     XG.NUMBA["channelwise"](q.repeat(3, axis=0)[:rows], zp.repeat(3)[:rows], scale.repeat(3)[:rows],
                             rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
+XG.bind_channelwise(rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)(
+    q.repeat(3, axis=0), zp.repeat(3), scale.repeat(3))  # a prompt's rows through vpdpbusd, where the CPU has it
 """
 
 
@@ -241,8 +263,8 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
     from execupy.kernels.fast.vnni_jit import VNNI
 
-    prompt_kernels = {"blockwise_rows_range", "blockwise_rows_parallel"} if VNNI else {"blockwise_tiles",
-                                                                                      "blockwise_tiles_parallel"}
+    prompt_kernels = {"blockwise_rows_range", "channelwise_rows_range"} if VNNI else {"blockwise_tiles",
+                                                                                     "blockwise_tiles_parallel"}
     assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "channelwise", "scale_sums",
                           "quantize_rows"} | prompt_kernels
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one

@@ -180,3 +180,44 @@ def panel_chain_rows(typingctx, words, xbytes, shifts, scales, per_block, p, v, 
                     builder.store(builder.fptrunc(total, _V16F), v_at, align=4)
         return context.get_dummy_value()
     return types.void(words, xbytes, shifts, scales, per_block, p, v, r0), codegen
+
+
+def _channel_panel(rows: int):
+    """An intrinsic summing int8 products for `rows` rows of a prompt against one panel:
+    acc[r0 + m, :] = sum over word rows r of vpdpbusd(xquads[r0 + m, r], words[p, r, :]), where
+    each int32 of words [P, K/4, PANEL] holds four consecutive inputs' signed weights of one output
+    (input 4r + t in byte t) and xquads int32 [M, K/4] the row's four activations q + 128 likewise;
+    acc int32 [M, PANEL]. Exact: every partial sum is an int32 (K * 255 * 128 below 2**31)."""
+    @intrinsic
+    def channel_panel(typingctx, words, xquads, p, acc, r0):
+        def codegen(context, builder, sig, args):
+            words_t, x_t, _, acc_t, _ = sig.args
+            w_arr = context.make_array(words_t)(context, builder, args[0])
+            x_arr = context.make_array(x_t)(context, builder, args[1])
+            acc_arr = context.make_array(acc_t)(context, builder, args[3])
+            p, r0 = args[2], args[4]
+            dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
+                                                 "llvm.x86.avx512.vpdpbusd.512")
+            intp = cgutils.intp_t
+            zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
+            columns = [ir.Constant(intp, LANES * g) for g in range(VECTORS)]
+            row_ids = [builder.add(r0, ir.Constant(intp, m)) for m in range(rows)]
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in columns] for _ in row_ids]
+            with cgutils.for_range_slice(builder, zero, builder.extract_value(w_arr.shape, 1), one) as (r, _):
+                quads = [_splat(builder, _item(context, builder, x_t, x_arr, [row, r])) for row in row_ids]
+                for g, c in enumerate(columns):
+                    at = _vector_at(context, builder, words_t, w_arr, [p, r, c])
+                    prefetch_ahead(builder, at)
+                    w = builder.load(at, align=4)
+                    for m in range(rows):
+                        builder.store(builder.call(dot, [builder.load(accs[m][g]), quads[m], w]), accs[m][g])
+            for m, row in enumerate(row_ids):
+                for g, c in enumerate(columns):
+                    builder.store(builder.load(accs[m][g]), _vector_at(context, builder, acc_t, acc_arr, [row, c]), align=4)
+            return context.get_dummy_value()
+        return types.void(words, xquads, p, acc, r0), codegen
+    return channel_panel
+
+
+channel_panel_rows = _channel_panel(ROWS)  # four rows of a prompt
+channel_panel_row = _channel_panel(1)  # the rows left over

@@ -207,7 +207,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         K.quantize_rows(np.ascontiguousarray(x, F32), q, scale, zero)
         return q, scale, zero
 
-    def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
+    def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias, both: Optional[Both] = None):
         q, m = np.ascontiguousarray(q, np.int8), q.shape[0]
         out = np.empty((m, w.n), F32)
         bias = np.zeros(w.n, F32) if bias is None else np.asarray(bias, F32)
@@ -215,16 +215,12 @@ def _compile() -> Optional[dict[str, Callable]]:
         if m < MATVEC_MAX_ROWS:
             blockwise_matvec(q, zp, x_scale, w, bias, out)
             return out
-        parallel = m * w.n * w.k >= PARALLEL_MIN_MACS and numba.get_num_threads() > 1
+        parallel = m * w.n * w.k >= PARALLEL_MIN_MACS
         if VNNI:  # four rows at a time through vpdpbusd, each word row unpacked once for them
-            if parallel:
-                K.blockwise_rows_parallel(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block,
-                                          numba.get_num_threads(), out)
-            else:
-                K.blockwise_rows_range(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, 0, w.words.shape[0],
-                                       out)
+            in_halves(lambda p0, p1: K.blockwise_rows_range(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block,
+                                                            p0, p1, out), w.words.shape[0], both if parallel else None)
             return out
-        run = K.blockwise_tiles_parallel if parallel else K.blockwise_tiles
+        run = K.blockwise_tiles_parallel if parallel and numba.get_num_threads() > 1 else K.blockwise_tiles
         a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
         run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
         return out
@@ -257,13 +253,14 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     return {"blockwise": blockwise, "blockwise_matvec": blockwise_matvec,
             "blockwise_matvec_from_float": blockwise_matvec_from_float, "channelwise": channelwise,
-            "quantize_rows": quantize_rows}
+            "quantize_rows": quantize_rows, "vnni": VNNI}
 
 
-def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[np.ndarray, np.ndarray, np.ndarray],
-                                                                             np.ndarray]:
+def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray], both: Optional[Both] = None) -> Callable[
+        [np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     """(q, zp, x_scale) -> the product with w (+ bias), bound once: a decode step calls a
-    SmolLM2's 211 of them per token, each a mat-vec of a few microseconds."""
+    SmolLM2's 211 of them per token, each a mat-vec of a few microseconds. A prompt's rows run
+    in two halves through `both` when it is given."""
     if NUMBA is None:
         return lambda q, zp, x_scale: gemm_blockwise_numpy(q, zp, x_scale, w, bias)
     matvec, general = NUMBA["blockwise_matvec"], NUMBA["blockwise"]
@@ -272,7 +269,53 @@ def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[
     def product(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray) -> np.ndarray:
         if q.shape[0] < MATVEC_MAX_ROWS:  # q int8, zp int32, x_scale float32 as quantize_rows makes them
             return matvec(q, zp, x_scale, w, bias_or_zeros, np.empty((q.shape[0], w.n), F32))
-        return general(q, zp, x_scale, w, bias)
+        return general(q, zp, x_scale, w, bias, both)
+
+    return product
+
+
+# Inputs up to which vpdpbusd's int32 sums of (q + 128) * w stay exact (255 * 128 a term at most).
+MAX_VNNI_INPUTS = (1 << 31) // (255 * 128)
+
+
+def channelwise_words(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w int8 [N, K] (signed) as vpdpbusd reads it: int32 [N/PANEL, K/4, PANEL], four consecutive
+    inputs' weights of one output to a word (input 4r + t in byte t; N and K padded with zeros),
+    and each output's sum of weights, int32 [N/PANEL * PANEL]."""
+    n, k = w.shape
+    padded = np.zeros((-(-n // PANEL) * PANEL, -(-k // 4) * 4), np.int8)
+    padded[:n, :k] = w
+    words = padded.view(np.int32)  # [N', K/4]: byte t of word r is input 4r + t (little-endian)
+    return (np.ascontiguousarray(words.reshape(-1, PANEL, words.shape[1]).transpose(0, 2, 1)),
+            padded.sum(axis=1, dtype=np.int32))
+
+
+def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarray],
+                     both: Optional[Both] = None) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """(q, zp, x_scale) -> gemm_channelwise with w int8 [N, K] (signed), bound once: with
+    AVX512-VNNI a prompt's rows (from vnni_jit.ROWS on) run through vpdpbusd on weights laid out
+    for it here (xnnpack_gemm_jit.channelwise_rows_range), in two halves through `both` when
+    given; other calls as gemm_channelwise."""
+    w_scale = np.ascontiguousarray(w_scale, F32)
+    general = lambda q, zp, x_scale: gemm_channelwise(q, zp, x_scale, w, w_scale, bias)
+    if NUMBA is None or not NUMBA["vnni"] or w.shape[1] > MAX_VNNI_INPUTS:
+        return general
+    from . import xnnpack_gemm_jit as K
+
+    words, wsum = channelwise_words(w)
+    n = w.shape[0]
+    bias_or_zeros = np.zeros(n, F32) if bias is None else np.ascontiguousarray(bias, F32)
+
+    def product(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray) -> np.ndarray:
+        m = q.shape[0]
+        if m < K.ROWS:
+            return general(q, zp, x_scale)
+        q, zp, x_scale = np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32), np.asarray(x_scale, F32)
+        out = np.empty((m, n), F32)
+        in_halves(lambda p0, p1: K.channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias_or_zeros, p0, p1,
+                                                          out), words.shape[0],
+                  both if m * n * w.shape[1] >= PARALLEL_MIN_MACS else None)
+        return out
 
     return product
 
@@ -287,9 +330,10 @@ def quantizing(product: Callable) -> Callable[[np.ndarray], np.ndarray]:
     return quantized_product
 
 
-def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """`quantizing(bind_blockwise(w, bias))`, where a decode step's few rows take one compiled call."""
-    quantized_product = quantizing(bind_blockwise(w, bias))
+def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray],
+                              both: Optional[Both] = None) -> Callable[[np.ndarray], np.ndarray]:
+    """`quantizing(bind_blockwise(w, bias, both))`, where a decode step's few rows take one compiled call."""
+    quantized_product = quantizing(bind_blockwise(w, bias, both))
     if NUMBA is None:
         return quantized_product
     _warm_up()
@@ -349,6 +393,21 @@ def _warm_up() -> None:
     from . import decode_jit
 
     decode_jit.warm_up()
+
+
+# Runs two calls at once, one on another thread (runtime/blas_threads.at_once, which the XNNPACK
+# backend passes in: a worker thread that sleeps between calls, where numba's own pool kept
+# spinning beside the BLAS products of a prompt's attention and each slowed the other).
+Both = Callable[[Callable[[], object], Callable[[], object]], None]
+
+
+def in_halves(run: Callable[[int, int], None], panels: int, both: Optional[Both]) -> None:
+    """run(p0, p1) over panels 0..panels: in two halves at once through `both`, else in one call."""
+    if both is None or panels < 2:
+        run(0, panels)
+        return
+    middle = panels // 2
+    both(lambda: run(0, middle), lambda: run(middle, panels))
 
 
 # Compiled where the grouped kernels are (numba installed, EXECUPY_NUMBA not 0).

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .blockwise_jit import PANEL, VNNI, activation_bytes, blockwise_panels, blockwise_rows
+from .vnni_jit import ROWS, channel_panel_row, channel_panel_rows
 from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
 from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
@@ -156,13 +157,33 @@ def blockwise_rows_range(q, zp, x_scale, words, scales, ksum, bias, block, p0, p
                    np.empty((m, PANEL), np.float32), out)
 
 
-@numba.njit(parallel=True, cache=True)
-def blockwise_rows_parallel(q, zp, x_scale, words, scales, ksum, bias, block, parts, out):
-    """blockwise_rows_range over every panel, the panels split evenly in `parts` (numba's threads)."""
-    panels = words.shape[0]
-    for t in numba.prange(parts):
-        blockwise_rows_range(q, zp, x_scale, words, scales, ksum, bias, block, panels * t // parts,
-                             panels * (t + 1) // parts, out)
+@numba.njit(cache=True, nogil=True)
+def channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias, p0, p1, out):
+    """out[:, panels p0..p1's columns] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI
+    only): the exact sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then
+    scale_sums' float steps. words int32 [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]."""
+    m, k = q.shape
+    n, quads = out.shape[1], words.shape[1]
+    xq = np.zeros((m, quads), np.int32)
+    for r in range(m):
+        for i in range(k):
+            xq[r, i // 4] |= np.int32(np.uint32(np.int32(q[r, i]) + 128) << np.uint32(8 * (i % 4)))
+    acc = np.empty((m, PANEL), np.int32)
+    for p in range(p0, p1):
+        r = 0
+        while r + ROWS <= m:
+            channel_panel_rows(words, xq, p, acc, r)
+            r += ROWS
+        while r < m:
+            channel_panel_row(words, xq, p, acc, r)
+            r += 1
+        c0 = p * PANEL
+        for r in range(m):
+            zr, xs, o = np.int32(zp[r]) + np.int32(128), x_scale[r], out[r]
+            for j in range(min(PANEL, n - c0)):
+                a = np.float32(acc[r, j] - zr * wsum[c0 + j])
+                o[c0 + j] = np.float32(np.float64(np.float32(a * xs)) * np.float64(w_scale[c0 + j])
+                                       + np.float64(bias[c0 + j]))
 
 
 @numba.njit(parallel=True, cache=True)
@@ -218,5 +239,5 @@ def quantize_rows(x, q, scale, zero):
 KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float,
            "channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
            # a prompt's rows: through vpdpbusd where the CPU has it, else a tile of unpacked weights at a time
-           **({"blockwise_rows_range": blockwise_rows_range, "blockwise_rows_parallel": blockwise_rows_parallel} if VNNI
-              else {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel})}
+           **({"blockwise_rows_range": blockwise_rows_range, "channelwise_rows_range": channelwise_rows_range}
+              if VNNI else {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel})}
