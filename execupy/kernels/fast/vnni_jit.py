@@ -1,5 +1,7 @@
 """XNNPACK's qb4w mat-vec on AVX512-VNNI, one panel of 64 output columns in registers (imported
-only where numba is installed; the layout and arithmetic are xnnpack_gemm.py's).
+only where numba is installed; the layout and arithmetic are xnnpack_gemm.py's); the same chains
+for four rows of a prompt at once (`panel_chain_rows`), and the int32 sums of int8 weights for a
+prompt's rows (`channel_panel_rows`, qd8 x qc8w).
 
 `vpdpbusd` multiplies four unsigned bytes by four signed bytes and adds the four products into
 an int32 lane: a panel's eight inputs of a word row in two instructions, where the float path
@@ -65,6 +67,24 @@ def prefetch_ahead(builder, at, offset: int = 0) -> None:
     builder.call(fn, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
+# The IR constants every kernel here uses: the low nibble of each byte, a shift by 4, and the
+# loop bounds and column offsets of a panel (zero, one, one offset per register).
+_LOW_NIBBLES, _FOUR = ir.Constant(_V16, [0x0F0F0F0F] * LANES), ir.Constant(_V16, [4] * LANES)
+_INDICES = (ir.Constant(cgutils.intp_t, 0), ir.Constant(cgutils.intp_t, 1),
+            [ir.Constant(cgutils.intp_t, LANES * g) for g in range(VECTORS)])
+
+
+def _arrays(context, builder, sig, args, which: tuple[int, ...]) -> list:
+    """The intrinsic's array arguments at positions `which`, as numba's array structures."""
+    return [context.make_array(sig.args[k])(context, builder, args[k]) for k in which]
+
+
+def _vpdpbusd(builder):
+    """vpdpbusd (acc, four unsigned bytes, four signed bytes) -> acc + their four products, per int32 lane."""
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
+                                          "llvm.x86.avx512.vpdpbusd.512")
+
+
 def _vector_at(context, builder, array_type, array, indices):
     at = cgutils.get_item_pointer(context, builder, array_type, array, indices, wraparound=False)
     return builder.bitcast(at, ir.VectorType(context.get_value_type(array_type.dtype), LANES).as_pointer())
@@ -84,18 +104,9 @@ def panel_chain(typingctx, words, xbytes, shifts, scales, per_block, p, v, i):
     q + 128 (the stored values' +8); scales float32 [P, blocks, PANEL]; v float32 [*, PANEL]."""
     def codegen(context, builder, sig, args):
         words_t, x_t, shifts_t, scales_t, _, _, v_t, _ = sig.args
-        w_arr = context.make_array(words_t)(context, builder, args[0])
-        x_arr = context.make_array(x_t)(context, builder, args[1])
-        sh_arr = context.make_array(shifts_t)(context, builder, args[2])
-        sc_arr = context.make_array(scales_t)(context, builder, args[3])
-        v_arr = context.make_array(v_t)(context, builder, args[6])
+        w_arr, x_arr, sh_arr, sc_arr, v_arr = _arrays(context, builder, sig, args, (0, 1, 2, 3, 6))
         per, p, i = args[4], args[5], args[7]
-        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
-                                             "llvm.x86.avx512.vpdpbusd.512")
-        low_nibbles, four = ir.Constant(_V16, [0x0F0F0F0F] * LANES), ir.Constant(_V16, [4] * LANES)
-        intp = cgutils.intp_t
-        zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
-        columns = [ir.Constant(intp, LANES * g) for g in range(VECTORS)]
+        dot, (zero, one, columns) = _vpdpbusd(builder), _INDICES
         v_at = [_vector_at(context, builder, v_t, v_arr, [i, c]) for c in columns]
         vs = [cgutils.alloca_once_value(builder, builder.load(at, align=4)) for at in v_at]
         accs = [cgutils.alloca_once(builder, _V16) for _ in columns]
@@ -112,8 +123,8 @@ def panel_chain(typingctx, words, xbytes, shifts, scales, per_block, p, v, i):
                     w = builder.load(at, align=4)
                     # byte t of a word holds inputs 2t (low nibble) and 2t + 1 (high); vpdpbusd's
                     # first factor is unsigned (q + 128), its second signed (0..15 either way)
-                    total = builder.call(dot, [builder.load(acc), even, builder.and_(w, low_nibbles)])
-                    total = builder.call(dot, [total, odd, builder.and_(builder.lshr(w, four), low_nibbles)])
+                    total = builder.call(dot, [builder.load(acc), even, builder.and_(w, _LOW_NIBBLES)])
+                    total = builder.call(dot, [total, odd, builder.and_(builder.lshr(w, _FOUR), _LOW_NIBBLES)])
                     builder.store(total, acc)
             shift = _splat(builder, _item(context, builder, shifts_t, sh_arr, [b]), _V16F)
             for c, acc, v in zip(columns, accs, vs):
@@ -139,19 +150,10 @@ def panel_chain_rows(typingctx, words, xbytes, shifts, scales, per_block, p, v, 
     operations are panel_chain's, in its order: the same bits."""
     def codegen(context, builder, sig, args):
         words_t, x_t, shifts_t, scales_t, _, _, v_t, _ = sig.args
-        w_arr = context.make_array(words_t)(context, builder, args[0])
-        x_arr = context.make_array(x_t)(context, builder, args[1])
-        sh_arr = context.make_array(shifts_t)(context, builder, args[2])
-        sc_arr = context.make_array(scales_t)(context, builder, args[3])
-        v_arr = context.make_array(v_t)(context, builder, args[6])
+        w_arr, x_arr, sh_arr, sc_arr, v_arr = _arrays(context, builder, sig, args, (0, 1, 2, 3, 6))
         per, p, r0 = args[4], args[5], args[7]
-        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
-                                             "llvm.x86.avx512.vpdpbusd.512")
-        low_nibbles, four = ir.Constant(_V16, [0x0F0F0F0F] * LANES), ir.Constant(_V16, [4] * LANES)
-        intp = cgutils.intp_t
-        zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
-        columns = [ir.Constant(intp, LANES * g) for g in range(VECTORS)]
-        rows = [builder.add(r0, ir.Constant(intp, m)) for m in range(ROWS)]
+        dot, (zero, one, columns) = _vpdpbusd(builder), _INDICES
+        rows = [builder.add(r0, ir.Constant(cgutils.intp_t, m)) for m in range(ROWS)]
         accs = [[cgutils.alloca_once(builder, _V16) for _ in columns] for _ in rows]
         with cgutils.for_range_slice(builder, zero, builder.extract_value(sc_arr.shape, 1), one) as (b, _):
             for row_accs in accs:
@@ -165,7 +167,7 @@ def panel_chain_rows(typingctx, words, xbytes, shifts, scales, per_block, p, v, 
                     at = _vector_at(context, builder, words_t, w_arr, [p, r, c])
                     prefetch_ahead(builder, at)
                     w = builder.load(at, align=4)
-                    low, high = builder.and_(w, low_nibbles), builder.and_(builder.lshr(w, four), low_nibbles)
+                    low, high = builder.and_(w, _LOW_NIBBLES), builder.and_(builder.lshr(w, _FOUR), _LOW_NIBBLES)
                     for m in range(ROWS):
                         total = builder.call(dot, [builder.load(accs[m][g]), even[m], low])
                         builder.store(builder.call(dot, [total, odd[m], high]), accs[m][g])
@@ -192,16 +194,10 @@ def _channel_panel(rows: int):
     def channel_panel(typingctx, words, xquads, p, acc, r0):
         def codegen(context, builder, sig, args):
             words_t, x_t, _, acc_t, _ = sig.args
-            w_arr = context.make_array(words_t)(context, builder, args[0])
-            x_arr = context.make_array(x_t)(context, builder, args[1])
-            acc_arr = context.make_array(acc_t)(context, builder, args[3])
+            w_arr, x_arr, acc_arr = _arrays(context, builder, sig, args, (0, 1, 3))
             p, r0 = args[2], args[4]
-            dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
-                                                 "llvm.x86.avx512.vpdpbusd.512")
-            intp = cgutils.intp_t
-            zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
-            columns = [ir.Constant(intp, LANES * g) for g in range(VECTORS)]
-            row_ids = [builder.add(r0, ir.Constant(intp, m)) for m in range(rows)]
+            dot, (zero, one, columns) = _vpdpbusd(builder), _INDICES
+            row_ids = [builder.add(r0, ir.Constant(cgutils.intp_t, m)) for m in range(rows)]
             accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in columns] for _ in row_ids]
             with cgutils.for_range_slice(builder, zero, builder.extract_value(w_arr.shape, 1), one) as (r, _):
                 quads = [_splat(builder, _item(context, builder, x_t, x_arr, [row, r])) for row in row_ids]
