@@ -529,11 +529,11 @@ def _match_add_rms_norm(g: Graph, anchor: Node) -> Optional[Fused]:
 def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: int):
     from ..kernels.fast import rms_norm
 
-    ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
-    store_h, store = method._store_fn(h), method._store_fn(out)
-    direct = _add_rms_norm_into(method, (a, b, eps, w), h, out)
+    direct = _add_rms_norm_into(method, (a, b, eps, w), h, out)  # first: a shape plan's decode step binds it
     if direct is not None:
         return direct
+    ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
+    store_h, store = method._store_fn(h), method._store_fn(out)
 
     compiled = compiled_decode()
 
@@ -764,11 +764,11 @@ def _swapped_halves_of(g: Graph, m: _Match, cat: Node, user: int) -> Optional[in
 def _rope_swapped_step(method, inputs, out: int):
     from ..kernels.fast import rope_swapped
 
-    gx, gc, gs = (_get(method, i) for i in inputs)
-    store = method._store_fn(out)
-    direct = _rope_swapped_into(method, inputs, out)
+    direct = _rope_swapped_into(method, inputs, out)  # first: a shape plan's decode step binds it
     if direct is not None:
         return direct
+    gx, gc, gs = (_get(method, i) for i in inputs)
+    store = method._store_fn(out)
 
     compiled = compiled_decode()
 
