@@ -757,7 +757,7 @@ class Method:
             return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
         if self._frozen is not None and key in VIEW_OPS and all(static for static, _ in parts[1:]):
             source = self._fixed_in_plan(ins.args[0])
-            if source is not None:  # a view of an array the plan fixes: bound as a view of constants is
+            if source is not None:  # a view of an array the plan fixes: bound as a view of a constant
                 parts[0] = (True, source)
                 return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
         resolved = [(static, p) for static, p in parts]

@@ -5,10 +5,12 @@ products of one input (a layer's q, k and v; its gate and up) as one product ove
 filters side by side, quantizing the input once, the small k and v no longer alone on one core;
 and an RMSNorm's last four nodes (add eps, rsqrt, two multiplies: vmath.rms_tail).
 
-`fused_steps(graph, g)` finds the patterns; for each it returns the step of its last node,
-which does the whole pattern's work, and NOTHING for the others. The step computes what the
-nodes compute, operation for operation in float32 (kernels.fast.rotate_pairs), so the results
-are the same bits. `reads_at` tells the release plan that the last node reads the pattern's inputs.
+`fused_steps(graph, g)` finds the patterns; for each it returns the step of one of its nodes
+(the last, or for sibling products the first, where their input is ready), which does the
+whole pattern's work, and NOTHING for the others. The step computes what the nodes compute,
+operation for operation (kernels.fast.rotate_pairs, vmath.rms_tail; each product's panels
+alone), so the results are the same bits. `reads_at` tells the release plan which node's step
+reads a pattern node's inputs.
 """
 from __future__ import annotations
 
@@ -147,12 +149,15 @@ def _sibling_products(graph: Graph, g) -> list[list[int]]:
     return [ks for ks in groups.values() if len(ks) > 1]
 
 
-def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Step:
+def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Optional[Step]:
     """One product for the sibling filters side by side (xnnpack_gemm.side_by_side), each output
-    the columns of its filter: the bits each node's own product gives."""
+    the columns of its filter: the bits each node's own product gives. None when their packed
+    filters differ in inputs or block after all (the group was formed from the values' metadata)."""
     nodes = [graph.nodes[k] for k in ks]
     packed = [pack_qb4w((filter_matrix(n, g).astype(np.int16) - 8).astype(np.int8), g.scales(n.fields["filter_id"]))
               for n in nodes]
+    if len({(w.k, w.block) for w in packed}) != 1:
+        return None
     both, starts = XG.side_by_side(packed)
     src = g.fused_quantize[nodes[0].fields["input1_id"]]
     parts = [(n.fields["output_id"], start, w.n) for n, start, w in zip(nodes, starts, packed)]
@@ -225,9 +230,12 @@ def fused_steps(graph: Graph, g) -> Fused:
     nodes = _Nodes(graph)
     fused = Fused({}, {})
     for ks in _sibling_products(graph, g):  # the products run where the first one did: their input is ready there
+        step = _sibling_products_step(graph, g, ks)
+        if step is None:
+            continue
         for k in ks:
             fused.steps[k], fused.reads_at[k] = NOTHING, ks[0]
-        fused.steps[ks[0]] = _sibling_products_step(graph, g, ks)
+        fused.steps[ks[0]] = step
     for k, node in enumerate(graph.nodes):
         if node.kind == "Concatenate2":
             match, make = _match_rotate_pairs(nodes, k), _rotate_pairs_step
