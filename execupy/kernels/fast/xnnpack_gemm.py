@@ -120,6 +120,12 @@ def side_by_side(weights: list[BlockwiseWeight]) -> tuple[BlockwiseWeight, list[
                            sum(w.words.shape[0] for w in weights) * PANEL), [int(s) for s in starts]
 
 
+def _shared_site(w: BlockwiseWeight) -> Optional[BlockwiseWeight]:
+    """w as its mat-vec's call site for kernels/cores.py's rule when it is big enough to share
+    with the second core (quantized.SHARE_MIN_BYTES), else None: one thread."""
+    return w if w.nbytes >= quantized.SHARE_MIN_BYTES else None
+
+
 def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a.astype(F64) * b.astype(F64) + c.astype(F64)).astype(F32)
 
@@ -231,13 +237,13 @@ def _compile() -> Optional[dict[str, Callable]]:
         the second core's thread sums half of the blocks while the rule of kernels/cores.py says
         it is free; `threads` (1, 2) overrides the rule. One thread and two give the same bits."""
         SECOND_THREAD.run(K.blockwise_matvec, (q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
-                          w if w.nbytes >= quantized.SHARE_MIN_BYTES else None, threads)
+                          _shared_site(w), threads)
         return out
 
     def blockwise_matvec_from_float(x, w: BlockwiseWeight, bias, out):
         """blockwise_matvec of quantize_rows(x) (x float32 [M, K], C order), in one compiled call."""
         SECOND_THREAD.run(K.blockwise_matvec_from_float, (x, w.words, w.scales, w.ksum, bias, w.block, out),
-                          w if w.nbytes >= quantized.SHARE_MIN_BYTES else None)
+                          _shared_site(w))
         return out
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
@@ -360,20 +366,14 @@ def bind_blockwise_from_float_into(w: BlockwiseWeight, bias: Optional[np.ndarray
     rows = x.reshape(-1, w.k)
     if rows.shape[0] >= MATVEC_MAX_ROWS:
         return None
-    bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
+    from . import xnnpack_gemm_jit as K
     from .second_thread import SECOND_THREAD
 
+    bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
     args = (rows, w.words, w.scales, w.ksum, bias_or_zeros, w.block, out.reshape(-1, w.n))
-    run, kernel = SECOND_THREAD.run, xnnpack_gemm_jit().blockwise_matvec_from_float
-    site = w if w.nbytes >= quantized.SHARE_MIN_BYTES else None
+    run, kernel = SECOND_THREAD.run, K.blockwise_matvec_from_float
+    site = _shared_site(w)
     return lambda: run(kernel, args, site)
-
-
-def xnnpack_gemm_jit():
-    """The compiled kernels' module (numba loaded)."""
-    from . import xnnpack_gemm_jit as K
-
-    return K
 
 
 _warmed: list[bool] = []
