@@ -23,7 +23,7 @@ from ...kernels.fast import compiled_decode, rotate_pairs
 from ...kernels.fast import xnnpack_gemm as XG
 from ...runtime import blas_threads
 from . import vmath
-from .nodes import NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w
+from .nodes import NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w, reads
 from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
 
 
@@ -41,13 +41,11 @@ class _Nodes:
         self.producer: dict[int, int] = {}
         self.readers: dict[int, list[int]] = {}
         for k, node in enumerate(graph.nodes):
-            for name, v in node.fields.items():
-                if not name.endswith("_id") or v == NO_VALUE:
-                    continue
-                if name == "output_id":
-                    self.producer[v] = k
-                else:
-                    self.readers.setdefault(v, []).append(k)
+            out = node.fields.get("output_id", NO_VALUE)
+            if out != NO_VALUE:
+                self.producer[out] = k
+            for v in reads(node):
+                self.readers.setdefault(v, []).append(k)
 
     def inner(self, value: int, kind: str, reader: int) -> Optional[Node]:
         """The node of `kind` making `value`, an fp32 value without clamps that only `reader` reads."""

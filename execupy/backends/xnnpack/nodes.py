@@ -54,6 +54,12 @@ class FixedBinding:
     bind: Callable[[np.ndarray, list[np.ndarray]], Optional[Callable[[], None]]]
 
 
+def reads(node: Node) -> list[int]:
+    """The value ids a node reads (a value read twice appears twice)."""
+    return [v for name, v in node.fields.items()
+            if name.endswith("_id") and not name.startswith("output") and v != NO_VALUE]
+
+
 def NOTHING(vals: list) -> None:
     """The step of a node whose work another node's step does (a bound delegate leaves it out)."""
 

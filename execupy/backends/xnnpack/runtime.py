@@ -22,7 +22,7 @@ from ...errors import ExecupyError, InvalidInputError, MalformedProgramError
 from ...runtime.fusion import fusion_enabled
 from . import quant as Q
 from .fused import Fused, fused_steps
-from .nodes import BUILDERS, NOTHING, Step
+from .nodes import BUILDERS, NOTHING, Step, reads
 from .schema import (EXTERNAL_INPUT, EXTERNAL_OUTPUT, NAMED_DATA_OFFSET, NO_EXTERNAL_ID, NO_VALUE, Graph, Node, Value,
                      read_payload)
 
@@ -288,12 +288,6 @@ class GraphContext:
         raise MalformedProgramError(f"value {i} of datatype {value.datatype} cannot be a node output here")
 
 
-def _reads(node: Node) -> list[int]:
-    """The value ids a node reads."""
-    return [v for name, v in node.fields.items()
-            if name.endswith("_id") and not name.startswith("output") and v != NO_VALUE]
-
-
 def _fused_quantize(graph: Graph) -> dict[int, int]:
     """qdint8 value -> the fp32 value it quantizes, for each Convert whose result only one
     FullyConnected reads (as its input): that node quantizes its rows itself and the Convert's
@@ -301,7 +295,7 @@ def _fused_quantize(graph: Graph) -> dict[int, int]:
     runs some 200 such pairs per token)."""
     readers: dict[int, list[tuple[int, Node]]] = {}
     for k, node in enumerate(graph.nodes):
-        for v in _reads(node):
+        for v in reads(node):
             readers.setdefault(v, []).append((k, node))
     fused = {}
     for k, node in enumerate(graph.nodes):
@@ -314,7 +308,7 @@ def _fused_quantize(graph: Graph) -> dict[int, int]:
         if (graph.values[dst].datatype == "qdint8" and graph.values[src].datatype == "fp32"
                 and graph.values[src].dims and not graph.values[dst].flags & EXTERNAL_OUTPUT
                 and len(consumers) == 1 and consumers[0][0] > k and consumers[0][1].kind == "FullyConnected"
-                and consumers[0][1].fields["input1_id"] == dst and _reads(consumers[0][1]).count(dst) == 1):
+                and consumers[0][1].fields["input1_id"] == dst and reads(consumers[0][1]).count(dst) == 1):
             fused[dst] = src
     return fused
 
