@@ -966,8 +966,30 @@ def _match_quantized_linear(g: Graph, anchor: Node) -> Optional[Fused]:
     if not groups or math.prod(g.value(scales).sizes) != groups or not _float32(g, scales) or (
             mins is not None and (math.prod(g.value(mins).sizes) != groups or not _float32(g, mins))):
         return None
-    return Fused("quantized_linear", frozenset(m.pcs), anchor.pc, (rows,), anchor.out,
-                 lambda method: _quantized_linear_step(method, q, scales, mins, n, k, group, rows, anchor.out))
+    weight = (q, scales, mins, n, k, group)
+    plain = Fused("quantized_linear", frozenset(m.pcs), anchor.pc, (rows,), anchor.out,
+                  lambda method: _quantized_linear_step(method, weight, rows, anchor.out))
+    rounded = _fake_quantized_rows(g, rows, anchor.pc)
+    if rounded is None:
+        return plain
+    x, pcs = rounded
+    return Fused("dynamic_quantized_linear", frozenset(m.pcs | pcs), anchor.pc, (x,), anchor.out,
+                 lambda method: _dynamic_linear_step(method, weight, x, anchor.out), fallback=plain)
+
+
+def _fake_quantized_rows(g: Graph, rows: int, pc: int) -> Optional[tuple[int, set[int]]]:
+    """(x, pcs) when `rows`, read at pc alone, is permute(fake_quantize_per_token(x), [1, 0]):
+    an 8da4w linear's activations, rounded to int8 per token and transposed for mm(W, rows)."""
+    permute = g.producer(rows)
+    if permute is None or permute.op != "aten::permute_copy.out" or g.sole_user(rows) != pc:
+        return None
+    if _dims(g, permute) not in ((1, 0), (-1, -2), (1, -2), (-1, 0)) or len(g.value(rows).sizes) != 2:
+        return None
+    rounded, node = permute.args[0], g.producer(permute.args[0])
+    f = _match_fake_quantize_per_token(g, node) if node is not None else None
+    if f is None or g.sole_user(rounded) != permute.pc:
+        return None
+    return f.inputs[0], set(f.pcs) | {permute.pc}
 
 
 def _planned_view_source(g: Graph, v: int, pc: int) -> Optional[int]:
@@ -986,38 +1008,95 @@ def _planned_view_source(g: Graph, v: int, pc: int) -> Optional[int]:
     return None
 
 
-def _quantized_linear_step(method, q: int, scales: int, mins: Optional[int], n: int, k: int, group: int,
-                           rows: int, out: int):
-    from ..kernels.fast.quantized import BLAS_MIN_ROWS, bind_matvec, pack, qlinear, qlinear_columns
+def _packed_weight(method, weight: tuple):
+    """The weight (q, scales, mins, n, k, group) laid out for the quantized kernels, once per method."""
+    from ..kernels.fast.quantized import pack
 
-    values = method.values
+    q, scales, mins, n, k, group = weight
     packed = method._load_cache.get(("packed", q))
     if packed is None:  # packed once per method: a shape plan rebinds this step with the same weight
+        values = method.values
         packed = method._load_cache[("packed", q)] = pack(values[q].reshape(n, k), values[scales], None, group,
                                                           None if mins is None else values[mins])
         method.program.release_pages(values[q])  # the packed copy is what the step reads from now on
+    return packed
+
+
+def _rows_times(packed) -> Callable[[np.ndarray], np.ndarray]:
+    """x [T, K] -> x @ w.T [T, N] for a packed weight: the compiled mat-vec for a few rows (it
+    chooses its own threads), else the output's columns in halves, one per core, each with BLAS on
+    one thread. As fast as OpenBLAS's own threads on SmolLM2's 113-token prompt (int4: 0.20-0.22 s
+    either way), and those would spin for 0.1 s after it, beside the second core's thread of the
+    first decode steps (9.5 ms a token then, 6.7 after)."""
+    from ..kernels.fast.quantized import BLAS_MIN_ROWS, qlinear, qlinear_columns
+
+    n = packed.shape[0]
+    both, half = blas_threads.both, n // 2
+
+    def rows_times(x: np.ndarray) -> np.ndarray:
+        if x.shape[0] < BLAS_MIN_ROWS:
+            return qlinear(x, packed)
+        x, y = np.ascontiguousarray(x, np.float32), np.empty((x.shape[0], n), np.float32)
+        both(lambda: qlinear_columns(x, packed, 0, half, y), lambda: qlinear_columns(x, packed, half, n, y))
+        return y
+
+    return rows_times
+
+
+def _quantized_linear_step(method, weight: tuple, rows: int, out: int):
+    from ..kernels.fast.quantized import bind_matvec
+
+    packed = _packed_weight(method, weight)
     direct = _quantized_matvec_into(method, bind_matvec, packed, rows, out) if bind_matvec is not None else None
     if direct is not None:
         return direct
     # The rows as viewed: a prompt's [K, T] is the transpose of the norm's [T, K], which the step
     # reads as it is (a copy made contiguous here would be transposed straight back)
-    get_rows, store = _get_as_viewed(method, rows), method._store_fn(out)
-    both, half = blas_threads.both, n // 2
+    get_rows, store, rows_times = _get_as_viewed(method, rows), method._store_fn(out), _rows_times(packed)
 
     def quantized_linear_step():
-        x = get_rows()  # mm(W, rows) = (rows.T @ W.T).T
-        if x.shape[-1] < BLAS_MIN_ROWS:  # decode: the compiled mat-vec chooses its own threads
-            store(qlinear(x.T, packed).T)
-            return
-        # A prompt's rows: the output's columns in halves, one per core, each with BLAS on one
-        # thread. As fast as OpenBLAS's own threads on SmolLM2's 113-token prompt (int4: 0.20-0.22 s
-        # either way), and those would spin for 0.1 s after it, beside the second core's thread of
-        # the first decode steps (9.5 ms a token then, 6.7 after).
-        x, y = np.ascontiguousarray(x.T, np.float32), np.empty((x.shape[-1], n), np.float32)
-        both(lambda: qlinear_columns(x, packed, 0, half, y), lambda: qlinear_columns(x, packed, half, n, y))
-        store(y.T)
+        store(rows_times(get_rows().T).T)  # mm(W, rows) = (rows.T @ W.T).T
 
     return quantized_linear_step
+
+
+def _dynamic_linear_step(method, weight: tuple, x: int, out: int):
+    """An 8da4w linear, mm(W, fake_quantize_per_token(x).T): the activations rounded, then
+    multiplied as the quantized linear does, the two steps it replaces in one (a decode step on
+    fixed arrays binds both compiled kernels to them)."""
+    from ..kernels.fast import quantized
+
+    packed = _packed_weight(method, weight)
+    n, k = packed.shape
+    static, rows = method._arg(x)
+    result = method._out_array(out)
+    # The bound form rounds x into a buffer of its own before the mat-vec writes: out may be x's
+    # memory (the planner may give it x's bytes, which the graph's fake-quantize chain read last)
+    if (quantized.bind_matvec is not None and static and _float32_rows(rows, result)
+            and rows.shape == (1, k) and result.shape == (n, 1)):
+        return _bound_fake_quantized_matvec(rows, packed, result.reshape(1, n))
+    fake_quantize_per_token = quantized.fake_quantize_per_token
+    get_x, store, rows_times = _get(method, x), method._store_fn(out), _rows_times(packed)
+
+    def dynamic_quantized_linear_step():
+        store(rows_times(fake_quantize_per_token(get_x())).T)
+
+    return dynamic_quantized_linear_step
+
+
+def _bound_fake_quantized_matvec(rows: np.ndarray, packed, result: np.ndarray) -> Callable[[], None]:
+    """The two compiled decode steps an 8da4w linear was, bound to fixed arrays, as one step:
+    the activations rounded in float32 into a buffer of its own, then the float mat-vec."""
+    from ..kernels.fast.quantized import bind_fake_quantize_per_token, bind_matvec
+
+    rounded = np.empty(rows.shape, np.float32)
+    fake_quantize, matvec = bind_fake_quantize_per_token(rows, rounded), bind_matvec(rounded, packed, result)
+
+    def fake_quantized_matvec() -> None:
+        fake_quantize()
+        matvec()
+
+    return fake_quantized_matvec
 
 
 def _quantized_matvec_into(method, bind_matvec: Callable, packed, rows: int, out: int):
