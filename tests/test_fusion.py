@@ -282,10 +282,36 @@ def test_fused_quantized_tiny_llm_agrees_with_unfused(quantize, tmp_path):
         assert not any("per_token" in name and not name.startswith("fused:") for name in fused._op_names)
     from execupy.kernels.fast import quantized as Q
 
-    if Q.NUMBA is not None and quantize != "8da4w":  # (8da4w's k and v read activations quantized apart)
+    if Q.NUMBA is not None:  # per layer: q, k, v as one product and gate, up as another (2 layers)
         decode_steps = [step.__name__ for step in fused._shape_plans[fused._shape_key()].steps]
-        assert decode_steps.count("matvec_pair") == 2  # each layer's k and v projections, on the two cores
+        assert decode_steps.count("sibling_products") == 2 * 2 and decode_steps.count("sibling_columns") == 3 * 2
     bound = 1e-3 if quantize == "8da4w" else 2e-5  # seen: 5e-7 and 2e-6
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.abs(x - y).max() <= bound * np.abs(y).max(), f"call {k}: max |diff| {np.abs(x - y).max()}"
         assert x.reshape(-1, x.shape[-1])[-1].argmax() == y.reshape(-1, y.shape[-1])[-1].argmax()
+
+
+@pytest.mark.parametrize("quantize", ["8da4w", "int4"])
+def test_sibling_linears_give_the_bits_of_their_own_products(quantize, tmp_path, monkeypatch):
+    """A layer's q, k, v (and gate, up) multiplied as one weight side by side: token by token
+    (each call a mat-vec, the first on the general path, the rest on the decode shape plan) the
+    logits are bit for bit those of one product per linear."""
+    pytest.importorskip("torch")
+    from execupy.llm.export import export_llm
+    from execupy.runtime import fusion
+
+    from .llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
+
+    result = export_llm(_write_tiny_model(tmp_path / "hf"), tmp_path / "tiny.pte", max_seq_len=MAX_SEQ_LEN,
+                        max_prefill_len=MAX_PREFILL, quantize=quantize, group_size=32)
+    program = Program.load(result.pte_path)
+    joined = program.load_method("forward")
+    monkeypatch.setattr(fusion, "_join_siblings", lambda *args: None)
+    alone = program.load_method("forward")
+    assert "sibling_products_per_call" in [step.__name__ for step in joined._steps]
+    assert "sibling_products_per_call" not in [step.__name__ for step in alone._steps]
+    for pos, token in enumerate([1, 5, 17, 42, 7, 99]):
+        a, b = (m.execute([np.array([[token]], np.int64), np.array([pos], np.int64)])[0] for m in (joined, alone))
+        assert np.array_equal(a, b), f"position {pos}: max |diff| {np.abs(a - b).max()}"
+    plan = joined._shape_plans[joined._shape_key()].steps  # the decode plan: on fixed arrays
+    assert "sibling_products" in [step.__name__ for step in plan]

@@ -58,7 +58,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..kernels.fast import compiled_decode
-from ..kernels.portable._util import norm_dim
+from ..kernels.portable._util import norm_dim, same_view
 from ..kernels.portable.reduce import SIDE_BY_SIDE_ROWS
 from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
 from ..schema import program as P
@@ -413,6 +413,7 @@ class Fused:
     out: int
     bind: Callable[[Any], Callable[[], None]]  # method -> step
     fallback: Optional["Fused"] = None  # the smaller pattern to try when this one is unsafe
+    weight: Optional[tuple] = None  # a quantized linear's (q, scales, mins, n, k, group)
 
 
 def _float32(g: Graph, *values: int) -> bool:
@@ -968,13 +969,13 @@ def _match_quantized_linear(g: Graph, anchor: Node) -> Optional[Fused]:
         return None
     weight = (q, scales, mins, n, k, group)
     plain = Fused("quantized_linear", frozenset(m.pcs), anchor.pc, (rows,), anchor.out,
-                  lambda method: _quantized_linear_step(method, weight, rows, anchor.out))
+                  lambda method: _quantized_linear_step(method, weight, rows, anchor.out), weight=weight)
     rounded = _fake_quantized_rows(g, rows, anchor.pc)
     if rounded is None:
         return plain
     x, pcs = rounded
     return Fused("dynamic_quantized_linear", frozenset(m.pcs | pcs), anchor.pc, (x,), anchor.out,
-                 lambda method: _dynamic_linear_step(method, weight, x, anchor.out), fallback=plain)
+                 lambda method: _dynamic_linear_step(method, weight, x, anchor.out), fallback=plain, weight=weight)
 
 
 def _fake_quantized_rows(g: Graph, rows: int, pc: int) -> Optional[tuple[int, set[int]]]:
@@ -1147,6 +1148,160 @@ class FusionPlan:
         return None if f is None else f.bind(method)
 
 
+# ---------------------------------------------------------------------------- sibling linears
+
+
+@dataclass
+class _Joint:
+    """The first sibling's product as bound: on fixed arrays (`row` [1, K] and `buffer` [1, N] of
+    every sibling's outputs side by side), or per call (`last`: the input and product of the last call)."""
+
+    row: Optional[np.ndarray]
+    buffer: Optional[np.ndarray]
+    last: list
+
+
+@dataclass
+class _Siblings:
+    """Quantized linears of one input (a layer's q, k and v; gate and up), in program order."""
+
+    members: list[Fused]
+    joint: Optional[_Joint] = None  # what the first member's latest binding made, None when it made none
+
+    @property
+    def dynamic(self) -> bool:
+        return self.members[0].name == "dynamic_quantized_linear"
+
+
+def _join_siblings(g: Graph, patterns: dict[int, Fused], aliases: dict[int, Alias], removed: frozenset) -> None:
+    """Quantized linears that read one array (views of the same value, nothing writing it from the
+    first one's read to the last one's step) become one product over their weights side by side:
+    the first step multiplies for all of them and the others copy their columns out. One pass over
+    a bigger weight (SmolLM2's q, k and v: 960 x 576) runs on both cores where 192 x 576 alone ran
+    on one, and an 8da4w layer rounds its activations once. A decode mat-vec's outputs do not
+    depend on the columns beside them: the same bits."""
+    groups: dict[tuple, list[Fused]] = {}
+    for f in sorted(patterns.values(), key=lambda f: f.anchor):
+        if f.weight is not None:
+            alias = aliases.get(f.inputs[0])
+            groups.setdefault((f.name, alias.root if alias else f.inputs[0], f.weight[4:]), []).append(f)
+    for (_, root, _), members in groups.items():
+        if len(members) < 2:
+            continue
+        first, last = min(min(f.pcs) for f in members), members[-1].anchor
+        if not g.untouched(root, first, last - 1, removed):
+            continue
+        siblings = _Siblings(members)
+        for i, f in enumerate(members):
+            patterns[f.anchor] = Fused(f.name, f.pcs, f.anchor, f.inputs, f.out,
+                                       lambda method, i=i, s=siblings: _sibling_step(method, s, i), weight=f.weight)
+
+
+def _sibling_step(method, siblings: _Siblings, i: int):
+    f = siblings.members[i]
+    own = (_dynamic_linear_step if siblings.dynamic else _quantized_linear_step)
+    if i == 0:
+        siblings.joint = None
+        packed = _joint_weight(method, siblings)
+        return own(method, f.weight, f.inputs[0], f.out) if packed is None else _joint_step(method, siblings, packed)
+    joint = siblings.joint  # bound just before, in the same pass over the steps (same inputs: same pass)
+    if joint is None:
+        return own(method, f.weight, f.inputs[0], f.out)
+    start = sum(m.weight[3] for m in siblings.members[:i])
+    columns = slice(start, start + f.weight[3])
+    if joint.buffer is not None:
+        row, result = _decode_row(method, f.inputs[0], siblings.dynamic), method._out_array(f.out)
+        if row is None or not same_view(row, joint.row) or not _float32_rows(result) or result.size != f.weight[3]:
+            return own(method, f.weight, f.inputs[0], f.out)
+        part = joint.buffer[0, columns].reshape(result.shape)
+
+        def sibling_columns() -> None:
+            np.copyto(result, part)
+
+        return sibling_columns
+    get, store, last, alone = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out), joint.last, []
+
+    def sibling_columns_or_own() -> None:
+        x = get()
+        if last and isinstance(x, np.ndarray) and same_view(x, last[0]):
+            store(last[1][:, columns].T)
+            return
+        if not alone:  # another input than the first sibling read: its own product
+            alone.append(own(method, f.weight, f.inputs[0], f.out))
+        alone[0]()
+
+    return sibling_columns_or_own
+
+
+def _joint_weight(method, siblings: _Siblings):
+    """The siblings' weights packed as one, [sum of N, K] (None when their values need different
+    layouts: 4-bit words and bytes); once per method, their own pages released."""
+    from ..kernels.fast.quantized import nibble_shift, pack
+
+    key = ("packed siblings", siblings.members[0].weight[0])
+    if key in method._load_cache:
+        return method._load_cache[key]
+    values, weights = method.values, [f.weight for f in siblings.members]
+    qs = [values[q].reshape(n, k) for q, _, _, n, k, _ in weights]
+    has_mins = {mins is not None for _, _, mins, _, _, _ in weights}
+    packed = None
+    if len({nibble_shift(q) for q in qs}) == 1 and len(has_mins) == 1:
+        scales = np.concatenate([values[s].reshape(n, -1) for _, s, _, n, _, _ in weights])
+        mins = np.concatenate([values[m].reshape(n, -1) for _, _, m, n, _, _ in weights]) if True in has_mins else None
+        packed = pack(np.concatenate(qs), scales, None, weights[0][5], mins)
+        for q in qs:
+            method.program.release_pages(q)
+    method._load_cache[key] = packed
+    return packed
+
+
+def _joint_step(method, siblings: _Siblings, packed):
+    """The first sibling's step: every sibling's product, its own columns stored."""
+    from ..kernels.fast import quantized
+
+    f = siblings.members[0]
+    n_all, k = packed.shape
+    first = slice(0, f.weight[3])
+    row, result = _decode_row(method, f.inputs[0], siblings.dynamic), method._out_array(f.out)
+    if (row is not None and quantized.bind_matvec is not None and _float32_rows(result)
+            and result.size == f.weight[3] and row.shape == (1, k)):
+        buffer = np.empty((1, n_all), np.float32)
+        products = (_bound_fake_quantized_matvec(row, packed, buffer) if siblings.dynamic
+                    else quantized.bind_matvec(row, packed, buffer))
+        own = buffer[0, first].reshape(result.shape)
+        siblings.joint = _Joint(row, buffer, [])
+
+        def sibling_products() -> None:
+            products()
+            np.copyto(result, own)
+
+        return sibling_products
+    get, store, rows_times = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out), _rows_times(packed)
+    fake_quantize_per_token, last = quantized.fake_quantize_per_token, []
+    siblings.joint = _Joint(None, None, last)
+
+    def sibling_products_per_call() -> None:
+        x = get()
+        y = rows_times(fake_quantize_per_token(x) if siblings.dynamic else x.T)
+        last[:] = [x, y]
+        store(y[:, first].T)
+
+    return sibling_products_per_call
+
+
+def _get_input(method, i: int, dynamic: bool) -> Callable[[], Any]:
+    """A linear's input as its step reads it: x [T, K] (dynamic), or rows [K, T] as viewed."""
+    return _get(method, i) if dynamic else _get_as_viewed(method, i)
+
+
+def _decode_row(method, i: int, dynamic: bool) -> Optional[np.ndarray]:
+    """A linear's input as one fixed row [1, K] (float32, C order), else None."""
+    static, a = method._arg(i)
+    if not static or not _float32_rows(a) or a.ndim != 2 or (a.shape[0] if dynamic else a.shape[1]) != 1:
+        return None
+    return a.reshape(1, -1)
+
+
 def find_patterns(g: Graph) -> dict[int, Fused]:
     """Every pattern in the graph, by structure alone; later anchors first, none overlapping."""
     found: dict[int, Fused] = {}
@@ -1192,6 +1347,7 @@ def plan_fusion(method) -> Optional[FusionPlan]:
                 del patterns[a]
             else:
                 patterns[a] = patterns[a].fallback
+    _join_siblings(g, patterns, aliases, frozenset(removed))
     for run in find_chains(g, removed | set(patterns), aliases):  # rule 3, on what is left
         anchor = run[-1].pc
         patterns[anchor] = Fused("elementwise", frozenset(op.pc for op in run), anchor, (), run[-1].out,

@@ -136,12 +136,18 @@ def _pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_
     k = q.shape[1]
     s = np.ascontiguousarray(scales.reshape(n, -1), np.float32)
     offsets = group_offsets(s, zeros, mins)
-    lo, hi = (int(q.min()), int(q.max())) if q.size else (0, 0)
-    shift = 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None  # int4 or uint4 values
+    shift = nibble_shift(q)
     if shift is None or group_size % 8:
         return _pack_bytes(q, s, offsets, group_size)
     words = _words(q, shift, 4) if NUMBA is not None else nibble_words((q.T + np.int8(shift)).view(np.uint8))
     return PackedWeight(panels(words), panels(s.T), panels((offsets - np.float32(shift) * s).T), group_size, k, n, 8)
+
+
+def nibble_shift(q: np.ndarray) -> Optional[int]:
+    """What `pack` adds to q's values to store them as 4-bit words: 8 for int4 (-8..7), 0 for
+    uint4 (0..15); None for wider values, which it stores as bytes."""
+    lo, hi = (int(q.min()), int(q.max())) if q.size else (0, 0)
+    return 8 if -8 <= lo and hi <= 7 else 0 if 0 <= lo and hi <= 15 else None
 
 
 def nibble_words(u: np.ndarray) -> np.ndarray:
