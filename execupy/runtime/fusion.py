@@ -1023,22 +1023,23 @@ def _packed_weight(method, weight: tuple):
     return packed
 
 
-def _rows_times(packed) -> Callable[[np.ndarray], np.ndarray]:
-    """x [T, K] -> x @ w.T [T, N] for a packed weight: the compiled mat-vec for a few rows (it
-    chooses its own threads), else the output's columns in halves, one per core, each with BLAS on
-    one thread. As fast as OpenBLAS's own threads on SmolLM2's 113-token prompt (int4: 0.20-0.22 s
-    either way), and those would spin for 0.1 s after it, beside the second core's thread of the
-    first decode steps (9.5 ms a token then, 6.7 after)."""
+def _rows_times(packed, columns: Optional[slice] = None) -> Callable[[np.ndarray], np.ndarray]:
+    """x [T, K] -> x @ w.T [T, N] (only `columns` of it when given) for a packed weight: the
+    compiled mat-vec for a few rows (it chooses its own threads; all columns), else the columns
+    in halves, one per core, each with BLAS on one thread. As fast as OpenBLAS's own threads on
+    SmolLM2's 113-token prompt (int4: 0.20-0.22 s either way), and those would spin for 0.1 s
+    after it, beside the second core's thread of the first decode steps (9.5 ms a token then, 6.7 after)."""
     from ..kernels.fast.quantized import BLAS_MIN_ROWS, qlinear, qlinear_columns
 
-    n = packed.shape[0]
-    both, half = blas_threads.both, n // 2
+    j0, j1 = (0, packed.shape[0]) if columns is None else (columns.start, columns.stop)
+    both, middle = blas_threads.both, (j0 + j1) // 2
 
     def rows_times(x: np.ndarray) -> np.ndarray:
         if x.shape[0] < BLAS_MIN_ROWS:
-            return qlinear(x, packed)
-        x, y = np.ascontiguousarray(x, np.float32), np.empty((x.shape[0], n), np.float32)
-        both(lambda: qlinear_columns(x, packed, 0, half, y), lambda: qlinear_columns(x, packed, half, n, y))
+            return qlinear(x, packed)[:, j0:j1]
+        x, y = np.ascontiguousarray(x, np.float32), np.empty((x.shape[0], j1 - j0), np.float32)
+        both(lambda: qlinear_columns(x, packed, j0, middle, y[:, :middle - j0]),
+             lambda: qlinear_columns(x, packed, middle, j1, y[:, middle - j0:]))
         return y
 
     return rows_times
@@ -1166,7 +1167,7 @@ class _Siblings:
     """Quantized linears of one input (a layer's q, k and v; gate and up), in program order."""
 
     members: list[Fused]
-    joint: Optional[_Joint] = None  # what the first member's latest binding made, None when it made none
+    joint: Optional[_Joint] = None  # what the first member's latest binding made
 
     @property
     def dynamic(self) -> bool:
@@ -1199,38 +1200,44 @@ def _join_siblings(g: Graph, patterns: dict[int, Fused], aliases: dict[int, Alia
 
 def _sibling_step(method, siblings: _Siblings, i: int):
     f = siblings.members[i]
-    own = (_dynamic_linear_step if siblings.dynamic else _quantized_linear_step)
-    if i == 0:
-        siblings.joint = None
-        packed = _joint_weight(method, siblings)
-        return own(method, f.weight, f.inputs[0], f.out) if packed is None else _joint_step(method, siblings, packed)
-    joint = siblings.joint  # bound just before, in the same pass over the steps (same inputs: same pass)
-    if joint is None:
+    packed = _joint_weight(method, siblings)
+    if packed is None:  # their weights take different layouts: each its own product
+        own = _dynamic_linear_step if siblings.dynamic else _quantized_linear_step
         return own(method, f.weight, f.inputs[0], f.out)
     start = sum(m.weight[3] for m in siblings.members[:i])
     columns = slice(start, start + f.weight[3])
-    if joint.buffer is not None:
-        row, result = _decode_row(method, f.inputs[0], siblings.dynamic), method._out_array(f.out)
-        if row is None or not same_view(row, joint.row) or not _float32_rows(result) or result.size != f.weight[3]:
-            return own(method, f.weight, f.inputs[0], f.out)
+    if i == 0:
+        return _joint_step(method, siblings, packed, columns)
+    joint = siblings.joint  # bound just before, in the same pass over the steps (same inputs: same pass)
+    row, result = _decode_row(method, f.inputs[0], siblings.dynamic), method._out_array(f.out)
+    if joint is not None and joint.buffer is not None and row is not None and same_view(row, joint.row) \
+            and _float32_rows(result) \
+            and result.size == f.weight[3]:
         part = joint.buffer[0, columns].reshape(result.shape)
 
         def sibling_columns() -> None:
             np.copyto(result, part)
 
         return sibling_columns
-    get, store, last, alone = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out), joint.last, []
+    get, store = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out)
+    last = joint.last if joint is not None else []
+    rows_times, rounded = _rows_times(packed, columns), _activations(siblings.dynamic)
 
     def sibling_columns_or_own() -> None:
         x = get()
-        if last and isinstance(x, np.ndarray) and same_view(x, last[0]):
+        if last and isinstance(x, np.ndarray) and same_view(x, last[0]):  # the first sibling's product
             store(last[1][:, columns].T)
             return
-        if not alone:  # another input than the first sibling read: its own product
-            alone.append(own(method, f.weight, f.inputs[0], f.out))
-        alone[0]()
+        store(rows_times(rounded(x)).T)  # a prompt's rows (or another input): its own columns
 
     return sibling_columns_or_own
+
+
+def _activations(dynamic: bool) -> Callable[[np.ndarray], np.ndarray]:
+    """A linear's input as rows [T, K]: x rounded per token (dynamic), or rows [K, T] transposed."""
+    from ..kernels.fast.quantized import fake_quantize_per_token
+
+    return fake_quantize_per_token if dynamic else (lambda rows: rows.T)
 
 
 def _joint_weight(method, siblings: _Siblings):
@@ -1255,13 +1262,14 @@ def _joint_weight(method, siblings: _Siblings):
     return packed
 
 
-def _joint_step(method, siblings: _Siblings, packed):
-    """The first sibling's step: every sibling's product, its own columns stored."""
+def _joint_step(method, siblings: _Siblings, packed, first: slice):
+    """The first sibling's step: a decode mat-vec multiplies for every sibling, whose steps copy
+    their columns out; a prompt's rows take this sibling's columns only (BLAS on slices of
+    columns gains nothing side by side, and the copies would cost)."""
     from ..kernels.fast import quantized
 
     f = siblings.members[0]
     n_all, k = packed.shape
-    first = slice(0, f.weight[3])
     row, result = _decode_row(method, f.inputs[0], siblings.dynamic), method._out_array(f.out)
     if (row is not None and quantized.bind_matvec is not None and _float32_rows(result)
             and result.size == f.weight[3] and row.shape == (1, k)):
@@ -1276,13 +1284,18 @@ def _joint_step(method, siblings: _Siblings, packed):
             np.copyto(result, own)
 
         return sibling_products
-    get, store, rows_times = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out), _rows_times(packed)
-    fake_quantize_per_token, last = quantized.fake_quantize_per_token, []
+    get, store, last = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out), []
+    every, mine, rounded = _rows_times(packed), _rows_times(packed, first), _activations(siblings.dynamic)
     siblings.joint = _Joint(None, None, last)
 
     def sibling_products_per_call() -> None:
         x = get()
-        y = rows_times(fake_quantize_per_token(x) if siblings.dynamic else x.T)
+        rows = rounded(x)
+        if rows.shape[0] >= quantized.BLAS_MIN_ROWS:
+            last.clear()
+            store(mine(rows).T)
+            return
+        y = every(rows)
         last[:] = [x, y]
         store(y[:, first].T)
 

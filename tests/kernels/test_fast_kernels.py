@@ -63,6 +63,22 @@ def test_numba_qlinear_equals_numpy_within_float32_rounding(bits, with_zeros, m)
     assert_within_float32_rounding(Q.NUMBA["qlinear"](x, packed), Q.NUMPY["qlinear"](x, packed))
 
 
+@pytest.mark.parametrize("impl", ["numpy", "numba"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_window_of_columns_is_those_columns_of_the_product(impl, bits):
+    """qlinear_columns(x, w, j0, j1, out) fills out [M, j1 - j0] with columns j0..j1 of x @ w.T
+    (what one of a layer's q, k, v projections takes from their weights side by side)."""
+    if impl == "numba" and Q.NUMBA is None:
+        pytest.skip("numba (the `fast` extra) is not installed")
+    rng = np.random.default_rng(bits)
+    packed, w = packed_grouped(rng, 960, 96, 32, bits, False)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    for j0, j1 in [(0, 576), (576, 768), (700, 960)]:
+        out = np.full((6, j1 - j0), np.nan, np.float32)
+        (Q.NUMBA if impl == "numba" else Q.NUMPY)["qlinear_columns"](x, packed, j0, j1, out)
+        np.testing.assert_allclose(out, x @ w[j0:j1].T, rtol=1e-5, atol=1e-5)
+
+
 @needs_numba
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n", [130, 1000, 4200])  # narrow, wider, wide (four words per pass)

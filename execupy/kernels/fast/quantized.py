@@ -274,10 +274,10 @@ def qlinear_numpy(x: np.ndarray, w: PackedWeight) -> np.ndarray:
 
 
 def qlinear_columns_numpy(x: np.ndarray, w: PackedWeight, j0: int, j1: int, out: np.ndarray) -> None:
-    """out[:, j0:j1] = (x @ w.T)[:, j0:j1] for a prompt's rows, a slice of columns at a time."""
+    """out [M, j1 - j0] = (x @ w.T)[:, j0:j1] for a prompt's rows, a slice of columns at a time."""
     for s0 in range(j0, j1, BLAS_SLICE_COLUMNS):
         s1 = min(j1, s0 + BLAS_SLICE_COLUMNS)
-        out[:, s0:s1] = x @ dequantize_columns(w, s0, s1)
+        out[:, s0 - j0:s1 - j0] = x @ dequantize_columns(w, s0, s1)
 
 
 NUMPY: dict[str, Callable] = {"fake_quantize_per_token": fake_quantize_per_token_numpy, "qlinear": qlinear_numpy,
@@ -343,9 +343,9 @@ def _compile() -> Optional[dict[str, Callable]]:
         return matvec_pair
 
     def qlinear_columns(x, w: PackedWeight, j0: int, j1: int, out) -> None:
-        """out[:, j0:j1] of a prompt's rows: dequantize a slice of columns, multiply it with
-        BLAS, next slice. Two calls on distinct columns may run at once (the numba part
-        releases the GIL)."""
+        """out [M, j1 - j0] = columns j0..j1 of a prompt's rows' product: dequantize a slice of
+        columns, multiply it with BLAS, next slice. Two calls on distinct columns may run at once
+        (the numba part releases the GIL)."""
         k = w.shape[1]
         scratch = np.empty((k, min(j1 - j0, BLAS_SLICE_COLUMNS)), np.float32)
         for s0 in range(j0, j1, BLAS_SLICE_COLUMNS):
@@ -355,7 +355,7 @@ def _compile() -> Optional[dict[str, Callable]]:
                 K.dequantize_panels(w.qt, w.scales, w.offsets, w.group_size, s0, s1, part)
             else:
                 K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, s0, s1, part)
-            out[:, s0:s1] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
+            out[:, s0 - j0:s1 - j0] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
 
     def fake_quantize_per_token(x):
         x = np.ascontiguousarray(x, np.float32)
