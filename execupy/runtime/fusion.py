@@ -414,6 +414,7 @@ class Fused:
     bind: Callable[[Any], Callable[[], None]]  # method -> step
     fallback: Optional["Fused"] = None  # the smaller pattern to try when this one is unsafe
     weight: Optional[tuple] = None  # a quantized linear's (q, scales, mins, n, k, group)
+    blocks: int = 1  # a dynamic quantized linear's: each row's activations rounded in this many blocks
 
 
 def _float32(g: Graph, *values: int) -> bool:
@@ -970,27 +971,50 @@ def _match_quantized_linear(g: Graph, anchor: Node) -> Optional[Fused]:
     weight = (q, scales, mins, n, k, group)
     plain = Fused("quantized_linear", frozenset(m.pcs), anchor.pc, (rows,), anchor.out,
                   lambda method: _quantized_linear_step(method, weight, rows, anchor.out), weight=weight)
-    rounded = _fake_quantized_rows(g, rows, anchor.pc)
+    rounded = _fake_quantized_rows(g, rows, anchor.pc, k)
     if rounded is None:
         return plain
-    x, pcs = rounded
+    x, pcs, blocks = rounded
     return Fused("dynamic_quantized_linear", frozenset(m.pcs | pcs), anchor.pc, (x,), anchor.out,
-                 lambda method: _dynamic_linear_step(method, weight, x, anchor.out), fallback=plain, weight=weight)
+                 lambda method: _dynamic_linear_step(method, weight, x, anchor.out, blocks), fallback=plain,
+                 weight=weight, blocks=blocks)
 
 
-def _fake_quantized_rows(g: Graph, rows: int, pc: int) -> Optional[tuple[int, set[int]]]:
-    """(x, pcs) when `rows`, read at pc alone, is permute(fake_quantize_per_token(x), [1, 0]):
-    an 8da4w linear's activations, rounded to int8 per token and transposed for mm(W, rows)."""
+def _fake_quantized_rows(g: Graph, rows: int, pc: int, k: int) -> Optional[tuple[int, set[int], int]]:
+    """(x, pcs, blocks) when `rows`, read at pc alone, is an 8da4w linear's activations:
+    permute(fake_quantize_per_token(x), [1, 0]), x [T, K] rounded to int8 per token and transposed
+    for mm(W, rows); or x rounded in `blocks` blocks per token (docs/quantized-llm.md's down
+    projections): view(fake_quantize_per_token(view(clone(x), [T * blocks, K / blocks])), [T, K])."""
     permute = g.producer(rows)
     if permute is None or permute.op != "aten::permute_copy.out" or g.sole_user(rows) != pc:
         return None
     if _dims(g, permute) not in ((1, 0), (-1, -2), (1, -2), (-1, 0)) or len(g.value(rows).sizes) != 2:
         return None
-    rounded, node = permute.args[0], g.producer(permute.args[0])
+    pcs, rounded = {permute.pc}, permute.args[0]
+    node = g.producer(rounded)
+    if node is not None and node.op == _VIEW_COPY and g.sole_user(rounded) == permute.pc:  # blocks viewed back
+        pcs.add(node.pc)
+        rounded, node = node.args[0], g.producer(node.args[0])
     f = _match_fake_quantize_per_token(g, node) if node is not None else None
-    if f is None or g.sole_user(rounded) != permute.pc:
+    if f is None or g.sole_user(rounded) not in pcs:
         return None
-    return f.inputs[0], set(f.pcs) | {permute.pc}
+    pcs |= f.pcs
+    x, sizes = f.inputs[0], g.value(f.inputs[0]).sizes
+    if len(sizes) != 2 or not sizes[1] or k % sizes[1]:
+        return None
+    blocks = k // sizes[1]
+    if blocks == 1:
+        return x, pcs, 1
+    # [T * blocks, K / blocks] = view(clone(x)): the clone made the view's input contiguous
+    view = g.producer(x)
+    if view is None or view.op != _VIEW_COPY or any(u not in f.pcs for u in g.users.get(x, [])) or x in g.pinned:
+        return None
+    clone = g.producer(view.args[0])
+    if (clone is None or clone.op != "dim_order_ops::_clone_dim_order.out" or g.sole_user(view.args[0]) != view.pc
+            or len(g.value(clone.args[0]).sizes) != 2
+            or not (isinstance(g.value(clone.args[2]), P.Null) or _dims(g, clone.args[2]) == (0, 1))):
+        return None
+    return clone.args[0], pcs | {view.pc, clone.pc}, blocks
 
 
 def _planned_view_source(g: Graph, v: int, pc: int) -> Optional[int]:
@@ -1062,10 +1086,10 @@ def _quantized_linear_step(method, weight: tuple, rows: int, out: int):
     return quantized_linear_step
 
 
-def _dynamic_linear_step(method, weight: tuple, x: int, out: int):
-    """An 8da4w linear, mm(W, fake_quantize_per_token(x).T): the activations rounded, then
-    multiplied as the quantized linear does, the two steps it replaces in one (a decode step on
-    fixed arrays binds both compiled kernels to them)."""
+def _dynamic_linear_step(method, weight: tuple, x: int, out: int, blocks: int = 1):
+    """An 8da4w linear, mm(W, fake_quantize_per_token(x).T): the activations rounded (each row in
+    `blocks` blocks), then multiplied as the quantized linear does, the steps it replaces in one
+    (a decode step on fixed arrays binds both compiled kernels to them)."""
     from ..kernels.fast import quantized
 
     packed = _packed_weight(method, weight)
@@ -1076,23 +1100,23 @@ def _dynamic_linear_step(method, weight: tuple, x: int, out: int):
     # memory (the planner may give it x's bytes, which the graph's fake-quantize chain read last)
     if (quantized.bind_matvec is not None and static and _float32_rows(rows, result)
             and rows.shape == (1, k) and result.shape == (n, 1)):
-        return _bound_fake_quantized_matvec(rows, packed, result.reshape(1, n))
-    fake_quantize_per_token = quantized.fake_quantize_per_token
-    get_x, store, rows_times = _get(method, x), method._store_fn(out), _rows_times(packed)
+        return _bound_fake_quantized_matvec(rows, packed, result.reshape(1, n), blocks)
+    get_x, store, rows_times, rounded = _get(method, x), method._store_fn(out), _rows_times(packed), _activations(True, blocks)
 
     def dynamic_quantized_linear_step():
-        store(rows_times(fake_quantize_per_token(get_x())).T)
+        store(rows_times(rounded(get_x())).T)
 
     return dynamic_quantized_linear_step
 
 
-def _bound_fake_quantized_matvec(rows: np.ndarray, packed, result: np.ndarray) -> Callable[[], None]:
-    """The two compiled decode steps an 8da4w linear was, bound to fixed arrays, as one step:
-    the activations rounded in float32 into a buffer of its own, then the float mat-vec."""
+def _bound_fake_quantized_matvec(rows: np.ndarray, packed, result: np.ndarray, blocks: int = 1) -> Callable[[], None]:
+    """The compiled decode steps an 8da4w linear was, bound to fixed arrays, as one step: the
+    activations rounded in float32 (in `blocks` blocks) into a buffer of its own, then the float mat-vec."""
     from ..kernels.fast.quantized import bind_fake_quantize_per_token, bind_matvec
 
     rounded = np.empty(rows.shape, np.float32)
-    fake_quantize, matvec = bind_fake_quantize_per_token(rows, rounded), bind_matvec(rounded, packed, result)
+    fake_quantize = bind_fake_quantize_per_token(rows.reshape(blocks, -1), rounded.reshape(blocks, -1))
+    matvec = bind_matvec(rounded, packed, result)
 
     def fake_quantized_matvec() -> None:
         fake_quantize()
@@ -1185,8 +1209,8 @@ def _join_siblings(g: Graph, patterns: dict[int, Fused], aliases: dict[int, Alia
     for f in sorted(patterns.values(), key=lambda f: f.anchor):
         if f.weight is not None:
             alias = aliases.get(f.inputs[0])
-            groups.setdefault((f.name, alias.root if alias else f.inputs[0], f.weight[4:]), []).append(f)
-    for (_, root, _), members in groups.items():
+            groups.setdefault((f.name, alias.root if alias else f.inputs[0], f.weight[4:], f.blocks), []).append(f)
+    for (_, root, _, _), members in groups.items():
         if len(members) < 2:
             continue
         first, last = min(min(f.pcs) for f in members), members[-1].anchor
@@ -1195,7 +1219,8 @@ def _join_siblings(g: Graph, patterns: dict[int, Fused], aliases: dict[int, Alia
         siblings = _Siblings(members)
         for i, f in enumerate(members):
             patterns[f.anchor] = Fused(f.name, f.pcs, f.anchor, f.inputs, f.out,
-                                       lambda method, i=i, s=siblings: _sibling_step(method, s, i), weight=f.weight)
+                                       lambda method, i=i, s=siblings: _sibling_step(method, s, i), weight=f.weight,
+                                       blocks=f.blocks)
 
 
 def _sibling_step(method, siblings: _Siblings, i: int):
@@ -1203,7 +1228,7 @@ def _sibling_step(method, siblings: _Siblings, i: int):
     packed = _joint_weight(method, siblings)
     if packed is None:  # their weights take different layouts: each its own product
         own = _dynamic_linear_step if siblings.dynamic else _quantized_linear_step
-        return own(method, f.weight, f.inputs[0], f.out)
+        return own(method, f.weight, f.inputs[0], f.out, *([f.blocks] if siblings.dynamic else []))
     start = sum(m.weight[3] for m in siblings.members[:i])
     columns = slice(start, start + f.weight[3])
     if i == 0:
@@ -1221,7 +1246,7 @@ def _sibling_step(method, siblings: _Siblings, i: int):
         return sibling_columns
     get, store = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out)
     last = joint.last if joint is not None else []
-    rows_times, rounded = _rows_times(packed, columns), _activations(siblings.dynamic)
+    rows_times, rounded = _rows_times(packed, columns), _activations(siblings.dynamic, f.blocks)
 
     def sibling_columns_or_own() -> None:
         x = get()
@@ -1233,11 +1258,16 @@ def _sibling_step(method, siblings: _Siblings, i: int):
     return sibling_columns_or_own
 
 
-def _activations(dynamic: bool) -> Callable[[np.ndarray], np.ndarray]:
-    """A linear's input as rows [T, K]: x rounded per token (dynamic), or rows [K, T] transposed."""
+def _activations(dynamic: bool, blocks: int = 1) -> Callable[[np.ndarray], np.ndarray]:
+    """A linear's input as rows [T, K]: x rounded per token (dynamic; each row in `blocks`
+    blocks), or rows [K, T] transposed."""
     from ..kernels.fast.quantized import fake_quantize_per_token
 
-    return fake_quantize_per_token if dynamic else (lambda rows: rows.T)
+    if not dynamic:
+        return lambda rows: rows.T
+    if blocks == 1:
+        return fake_quantize_per_token
+    return lambda x: fake_quantize_per_token(x.reshape(x.shape[0] * blocks, -1)).reshape(x.shape)
 
 
 def _joint_weight(method, siblings: _Siblings):
@@ -1274,7 +1304,7 @@ def _joint_step(method, siblings: _Siblings, packed, first: slice):
     if (row is not None and quantized.bind_matvec is not None and _float32_rows(result)
             and result.size == f.weight[3] and row.shape == (1, k)):
         buffer = np.empty((1, n_all), np.float32)
-        products = (_bound_fake_quantized_matvec(row, packed, buffer) if siblings.dynamic
+        products = (_bound_fake_quantized_matvec(row, packed, buffer, f.blocks) if siblings.dynamic
                     else quantized.bind_matvec(row, packed, buffer))
         own = buffer[0, first].reshape(result.shape)
         siblings.joint = _Joint(row, buffer, [])
@@ -1285,7 +1315,7 @@ def _joint_step(method, siblings: _Siblings, packed, first: slice):
 
         return sibling_products
     get, store, last = _get_input(method, f.inputs[0], siblings.dynamic), method._store_fn(f.out), []
-    every, mine, rounded = _rows_times(packed), _rows_times(packed, first), _activations(siblings.dynamic)
+    every, mine, rounded = _rows_times(packed), _rows_times(packed, first), _activations(siblings.dynamic, f.blocks)
     siblings.joint = _Joint(None, None, last)
 
     def sibling_products_per_call() -> None:
