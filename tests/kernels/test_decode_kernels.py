@@ -134,3 +134,13 @@ def test_the_compiled_attentions_exp_rounds_as_the_numpy_paths():
         with np.errstate(invalid="ignore"):
             expected = _exp(np.subtract(values, top, dtype=np.float32))
         assert np.array_equal(e, expected, equal_nan=True), f"{np.count_nonzero(e != expected)} differ"
+
+
+@pytest.mark.parametrize("r,n,scale", [(1, 576, 1.0), (3, 576, 1e-3), (2, 64, 3e3), (1, 1, 1.0)])
+def test_rms_norm_rows_is_bit_identical_to_the_numpy_kernel(r, n, scale):
+    x, w = rows(r, n, scale=scale), rows(n)
+    x[0, 0] = -0.0  # a negative zero stays one (the norm alone has no add to turn it into +0)
+    normed = np.empty((r, n), np.float32)
+    decode_jit.rms_norm_rows(x, np.float32(1e-5), w, normed)
+    expected = rms_norm(x, np.float32(1e-5), w)
+    assert np.array_equal(normed, expected) and np.array_equal(np.signbit(normed), np.signbit(expected))

@@ -199,9 +199,11 @@ from execupy.kernels.fast import decode_jit as D  # a decode step's add + RMSNor
 row = np.ones(16, np.float32)
 D.add_rms_norm_row(row, row, np.float32(1e-5), row, np.empty(16, np.float32), np.empty(16, np.float32))
 D.rope_swapped_rows(np.ones((3, 16), np.float32), row, row, np.empty((3, 16), np.float32))
+D.rms_norm_rows(np.ones((2, 16), np.float32), np.float32(1e-5), row, np.empty((2, 16), np.float32))
 while not S.second_thread_loop.signatures and time.monotonic() < start + 60:  # the thread loads its loop
     time.sleep(0.01)
-kernels = {**K.KERNELS, **S.KERNELS, "add_rms_norm_row": D.add_rms_norm_row, "rope_swapped_rows": D.rope_swapped_rows}
+kernels = {**K.KERNELS, **S.KERNELS, "add_rms_norm_row": D.add_rms_norm_row, "rope_swapped_rows": D.rope_swapped_rows,
+           "rms_norm_rows": D.rms_norm_rows}
 counts = {name: [sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values())] for name, k in kernels.items()}
 for c in (S._grouped_half_c, S._dense_rows_c, S._attention_heads_c):  # the halves' one copies (compiled at import)
     counts[c.__name__] = [c.cache_hits, 1 - c.cache_hits]

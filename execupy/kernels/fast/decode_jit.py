@@ -1,4 +1,5 @@
-"""Compiled steps of an LLM's decode: the residual add with the RMSNorm after it, and the rotary
+"""Compiled steps of an LLM's decode: the residual add with the RMSNorm after it (or the norm
+alone), and the rotary
 embedding (imported only where numba is installed and loaded already); a prompt's rows run
 the same arithmetic row after row (`add_rms_norm_rows`, `rope_swapped_positions`).
 
@@ -36,6 +37,21 @@ def add_rms_norm_rows(a, b, eps, w, total, normed):
     """add_rms_norm_row on each row of a, b, total, normed [R, n] (a prompt's tokens); w [n]."""
     for r in range(total.shape[0]):
         add_rms_norm_row(a[r], b[r], eps, w, total[r], normed[r])
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def rms_norm_rows(x, eps, w, normed):
+    """normed = x * (1 / sqrt(mean(x**2) + eps)) * w per row of x, normed [R, n]: add_rms_norm_row's
+    arithmetic without the add (a layer's first norm, after the embedding, and the final one)."""
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        row, out = x[r], normed[r]
+        squares = np.float32(0)
+        for i in range(n):
+            squares += row[i] * row[i]
+        scale = np.float32(1) / np.sqrt(squares / np.float32(n) + eps)
+        for i in range(n):
+            out[i] = row[i] * scale * w[i]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -92,6 +108,7 @@ def warm_up() -> None:
 
     row = np.ones(16, np.float32)
     add_rms_norm_row(row, row, np.float32(1e-5), row, np.empty(16, np.float32), np.empty(16, np.float32))
+    rms_norm_rows(row.reshape(1, 16), np.float32(1e-5), row, np.empty((1, 16), np.float32))
     rope_swapped_rows(np.ones((2, 16), np.float32), row, row, np.empty((2, 16), np.float32))
     rotate_pairs_rows(np.ones((2, 16), np.float32), np.ones((2, 16), np.float32), np.ones((1, 16), np.float32),
                       np.ones((1, 16), np.float32), 2, np.empty((2, 16, 2), np.float32))
