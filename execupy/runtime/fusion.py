@@ -30,6 +30,14 @@ it takes. The rule (docs/fusion.md says the same for users):
      quantized mat-mul (`execupy.kernels.fast.quantized.qlinear`); the weight is packed
      once at load and never expanded to float32 per call (numba; the numpy fallback
      dequantizes per call as the unfused program did).
+   * 8da4w's dynamic quantized linear: the same `mm` of `permute(fake_quantize_per_token(x))`
+     (choose_qparams / quantize / dequantize per token; the down projections' in blocks, with
+     their clone and views) → one step that rounds the activations, then multiplies.
+   * Per-token activation rounding left alone (`fake_quantize_per_token`) → one compiled pass.
+   Quantized linears of one input (a layer's q, k, v; gate, up) then share one weight packed
+   side by side (`_join_siblings`): the first one's decode step multiplies for all of them and
+   the others copy their columns out (a decode mat-vec's outputs do not depend on the columns
+   beside them: the same bits); a prompt's rows take each one's own columns.
    Each fused kernel runs the same float32 operations in the same order as the
    portable kernels it replaces, so results are bit-identical, except the quantized
    linear, which accumulates in a different order (equal within float32 rounding,
