@@ -142,6 +142,9 @@ def our_export(bench: Bench, name: str, flags: list[str]) -> Path:
                                   str(MAX_SEQ_LEN), "-o", str(out), *flags], env=execupy_env(), timeout=1800)
     if rc != 0 or not out.is_file():
         raise NotAvailable(f"export-llm {' '.join(flags)}: {last_line(err)}")
+    for old in bench.work.glob(f"smollm2-{name}-*"):  # other source versions' exports: never read again
+        if not old.name.startswith(out.stem):
+            old.unlink(missing_ok=True)
     return out
 
 
