@@ -144,3 +144,26 @@ def test_rms_norm_rows_is_bit_identical_to_the_numpy_kernel(r, n, scale):
     decode_jit.rms_norm_rows(x, np.float32(1e-5), w, normed)
     expected = rms_norm(x, np.float32(1e-5), w)
     assert np.array_equal(normed, expected) and np.array_equal(np.signbit(normed), np.signbit(expected))
+
+
+def test_loading_an_llm_program_leaves_no_compiled_step_to_load_while_generating(tmp_path):
+    """numba reads a kernel's machine code at its first call with each signature (a read-only
+    weight is one of its own): every compiled decode step a tiny LLM's prompt and first tokens
+    call was called at load, in that form (else 1-13 ms each fell inside the first tokens)."""
+    pytest.importorskip("torch")
+    import numba
+
+    from execupy.llm.export import export_llm
+    from execupy.runtime.program import Program
+
+    from ..llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
+
+    result = export_llm(_write_tiny_model(tmp_path / "hf"), tmp_path / "tiny.pte", max_seq_len=MAX_SEQ_LEN,
+                        max_prefill_len=MAX_PREFILL, quantize="int4", group_size=32)
+    method = Program.load(result.pte_path).load_method("forward")
+    kernels = {name: f for name, f in vars(decode_jit).items() if isinstance(f, numba.core.registry.CPUDispatcher)}
+    loaded = {name: set(f.signatures) for name, f in kernels.items()}
+    method.execute([np.array([[1, 5, 17, 42, 7]], np.int64), np.array([0], np.int64)])
+    for pos in range(5, 9):
+        method.execute([np.array([[3]], np.int64), np.array([pos], np.int64)])
+    assert {name: set(f.signatures) for name, f in kernels.items()} == loaded

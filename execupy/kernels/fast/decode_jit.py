@@ -99,16 +99,22 @@ def mean_rows(x, out):
 
 
 def warm_up() -> None:
-    """Run each compiled decode step once on tiny arrays, at load: numba reads a kernel's machine
-    code from its disk cache at the kernel's first call (1-13 ms each, SmolLM2's first decode
-    step after its plan was bound took 30 ms against 5), which then belongs to loading, not to
-    the first generated tokens. Called where a program's linears bind their compiled mat-vecs."""
+    """Run each compiled decode step (and its prompt form) once on tiny arrays, at load: numba
+    reads a kernel's machine code from its disk cache at the kernel's first call with each
+    signature (1-13 ms each, SmolLM2's first decode step after its plan was bound took 30 ms
+    against 5; a read-only weight is a signature of its own: 2.3 ms in the second token), which
+    then belongs to loading, not to the first generated tokens. Called where a program's linears
+    bind their compiled mat-vecs."""
     from . import second_thread_jit as ST
     from .second_thread import SECOND_THREAD
 
-    row = np.ones(16, np.float32)
-    add_rms_norm_row(row, row, np.float32(1e-5), row, np.empty(16, np.float32), np.empty(16, np.float32))
-    rms_norm_rows(row.reshape(1, 16), np.float32(1e-5), row, np.empty((1, 16), np.float32))
+    row, weight = np.ones(16, np.float32), np.ones(16, np.float32)
+    weight.flags.writeable = False  # a program's constants are read-only: numba compiles that call apart
+    add_rms_norm_row(row, row, np.float32(1e-5), weight, np.empty(16, np.float32), np.empty(16, np.float32))
+    rms_norm_rows(row.reshape(1, 16), np.float32(1e-5), weight, np.empty((1, 16), np.float32))
+    rows = np.ones((2, 16), np.float32)  # a prompt's forms
+    add_rms_norm_rows(rows, rows, np.float32(1e-5), weight, np.empty((2, 16), np.float32), np.empty((2, 16), np.float32))
+    rope_swapped_positions(np.ones((2, 1, 16), np.float32), rows, rows, np.empty((2, 1, 16), np.float32))
     rope_swapped_rows(np.ones((2, 16), np.float32), row, row, np.empty((2, 16), np.float32))
     rotate_pairs_rows(np.ones((2, 16), np.float32), np.ones((2, 16), np.float32), np.ones((1, 16), np.float32),
                       np.ones((1, 16), np.float32), 2, np.empty((2, 16, 2), np.float32))

@@ -46,8 +46,11 @@ def _load() -> Optional[MatVec]:
         SECOND_THREAD.run(ST.dense_matvec_halves, (x, w, out), site)
 
     # numba's first call in a process sets up its typing and reads the kernel from its disk
-    # cache (~0.2 s): done here, at bind, not inside the first prompt
-    SECOND_THREAD.dense_matvec(np.ones(16, np.float32), np.ones((4, 16), np.float32), np.empty(4, np.float32), False)
+    # cache (~0.2 s): done here, at bind, not inside the first prompt; the weight read-only, as
+    # a program's constants are (numba compiles a read-only array's call apart)
+    weight = np.ones((4, 16), np.float32)
+    weight.flags.writeable = False
+    SECOND_THREAD.dense_matvec(np.ones(16, np.float32), weight, np.empty(4, np.float32), False)
     from . import decode_jit  # an LLM's other decode steps, likewise
 
     decode_jit.warm_up()
