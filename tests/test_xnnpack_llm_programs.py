@@ -64,6 +64,10 @@ def test_logits_match_executorch_over_prefill_and_three_decode_steps(name, progr
     method = Program.load(program).load_method("forward")
     ours = [method.execute(inputs)[0] for inputs in steps]
     theirs = [outputs[0] for outputs in run_reference_steps(program, steps, llama_ops=True)]
+    # the decode plan's et_views of the rotary tables sliced at the position: a view and a copy each
+    decode = method._shape_plans[method._shape_key()].steps
+    et_views = [step.__name__ for step, op in zip(decode, method._op_names) if op == "executorch_prim::et_view.default"]
+    assert "view_copy_step" in et_views and "call_one_dynamic" not in et_views
     for k, (a, b) in enumerate(zip(ours, theirs)):
         assert a.shape == b.shape == (1, VOCAB), f"step {k}"
         assert a.argmax() == b.argmax(), f"step {k}: argmax {a.argmax()} != ExecuTorch's {b.argmax()}"
@@ -136,5 +140,9 @@ def test_with_executorchs_custom_sdpa_every_step_gives_executorchs_logits_bit_fo
         method = Program.load(program).load_method("forward")
         ours = [method.execute(inputs)[0] for inputs in steps]
     theirs = [outputs[0] for outputs in run_reference_steps(program, steps, llama_ops=True)]
+    # the decode plan's et_views of the rotary tables sliced at the position: a view and a copy each
+    decode = method._shape_plans[method._shape_key()].steps
+    et_views = [step.__name__ for step, op in zip(decode, method._op_names) if op == "executorch_prim::et_view.default"]
+    assert "view_copy_step" in et_views and "call_one_dynamic" not in et_views
     for k, (a, b) in enumerate(zip(ours, theirs)):
         np.testing.assert_array_equal(a, b, err_msg=f"step {k}")

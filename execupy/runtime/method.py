@@ -201,11 +201,12 @@ def _direct_view_copy(view: Callable[..., np.ndarray], args: tuple, out: Any) ->
 
 
 def _view_copy_of_read_source(view: Callable[..., np.ndarray], fn: Callable, args: list, get: Callable,
-                              out: np.ndarray, store: Callable) -> Step:
-    """A view op's copy whose source is read at each call (a delegate's output) into a fixed
-    output: the view and one copy, without the kernel's argument checks; a source whose view does
-    not fit the output goes through the kernel, which says what is wrong."""
-    params, copyto = tuple(args[1:-1]), np.copyto
+                              out: np.ndarray, store: Callable, params: tuple) -> Step:
+    """A view op's copy whose source is read at each call (a delegate's output; ExecuTorch's
+    rotary tables sliced at the position, et_view'd per layer) into a fixed output: the view and
+    one copy, without the kernel's argument checks; a source whose view does not fit the output
+    goes through the kernel, which says what is wrong."""
+    copyto = np.copyto
 
     def view_copy_step():
         src = get()
@@ -766,8 +767,9 @@ class Method:
             args = [p for _, p in parts]
             (k, get), = getters
             out = self._out_array(ins.args[-1])
-            if k == 0 and key in VIEW_OPS and out is not None and args[-1] is out:
-                return _view_copy_of_read_source(VIEW_OPS[key], fn, args, get, out, store)
+            if k == 0 and key in VIEW_OPS and out is not None:  # with an out argument, or et_view's result
+                params = tuple(args[1:-1]) if args[-1] is out else tuple(args[1:])
+                return _view_copy_of_read_source(VIEW_OPS[key], fn, args, get, out, store, params)
 
             def call_one_dynamic():
                 args[k] = get()
