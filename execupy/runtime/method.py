@@ -758,6 +758,8 @@ class Method:
             return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
         if self._frozen is not None and key in VIEW_OPS and all(static for static, _ in parts[1:]):
             source = self._fixed_in_plan(ins.args[0])
+            if source is None:  # a view fusion left unexecuted, of an array the plan fixes: that view
+                source = self._fixed_view(ins.args[0])  # (strided: one copy here, not two)
             if source is not None:  # a view of an array the plan fixes: bound as a view of a constant
                 parts[0] = (True, source)
                 return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
@@ -817,6 +819,16 @@ class Method:
         else:
             v = self.values[i]
         return v if isinstance(v, np.ndarray) else None
+
+    def _fixed_view(self, i: int) -> Optional[np.ndarray]:
+        """While a shape plan is bound: value i as the view fusion reads it in place (Alias), when
+        that is one fixed view of an array the plan fixes (made contiguous it would be a copy at
+        each read: a slice of RoPE's output, say), else None."""
+        alias = self._fusion.aliases.get(i) if self._fusion is not None else None
+        if alias is None:
+            return None
+        static, v = alias.arg(self, contiguous=False)
+        return v if static and isinstance(v, np.ndarray) else None
 
     def _bind_delegate(self, pc: int, ins: P.DelegateCall) -> Step:
         delegates = self.plan.delegates
