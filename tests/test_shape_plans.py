@@ -108,3 +108,31 @@ def test_executorch_llm_prefill_and_decode_alternately_equal_unplanned(monkeypat
     views = [step.__name__ for plan in planned._shape_plans.values()
              for name, step in zip(planned._op_names, plan.steps) if name == "executorch_prim::et_view.default"]
     assert (flags == "portable") != ("_viewed_in_place" in views)
+
+
+def test_a_view_of_a_strided_slice_copies_that_fixed_view_once(tmp_path):
+    """(x * 2)[..., :1].squeeze(-1) returned: fusion reads the slice as a view (strided: half the
+    last axis), and the squeeze, an output, is a step. Once a plan fixes x * 2's array, the squeeze
+    copies the fixed view of its slice in one step (no contiguous copy of the slice made first),
+    and gives what a fresh load gives."""
+    torch = pytest.importorskip("torch")
+    from torch.export import Dim, export
+
+    from execupy.exir import to_edge
+
+    class Halves(torch.nn.Module):
+        def forward(self, x):
+            return (x * 2)[..., :1].squeeze(-1)
+
+    pte = tmp_path / "halves.pte"
+    example = (torch.ones(1, 3, 4, 2),)
+    program = export(Halves(), example, dynamic_shapes=({1: Dim("tokens", min=1, max=16)},))
+    pte.write_bytes(to_edge(program).to_executorch().buffer)
+    method = Module(pte).method("forward")
+    rng = np.random.default_rng(5)
+    for k in range(4):
+        x = rng.standard_normal((1, 5, 4, 2), dtype=np.float32)
+        assert_equal(flatten(method.execute([x])), fresh_forward(pte, x), f"call {k}")
+    plan = method._shape_plans[((1, 5, 4, 2),)]
+    squeeze = [step.__name__ for name, step in zip(method._op_names, plan.steps) if name.startswith("aten::squeeze")]
+    assert squeeze == ["<lambda>"]  # _direct_view_copy's copy of the view fixed at bind

@@ -68,9 +68,6 @@ def test_logits_match_executorch_over_prefill_and_three_decode_steps(name, progr
     decode = method._shape_plans[method._shape_key()].steps
     et_views = [step.__name__ for step, op in zip(decode, method._op_names) if op == "executorch_prim::et_view.default"]
     assert "view_copy_step" in et_views and "call_one_dynamic" not in et_views
-    # a squeeze of a fixed delegate output's strided slice: that view copied, no copy made per read
-    squeezes = [step.__name__ for step, op in zip(decode, method._op_names) if op.startswith("aten::squeeze_copy")]
-    assert squeezes and "view_copy_step" not in squeezes
     for k, (a, b) in enumerate(zip(ours, theirs)):
         assert a.shape == b.shape == (1, VOCAB), f"step {k}"
         assert a.argmax() == b.argmax(), f"step {k}: argmax {a.argmax()} != ExecuTorch's {b.argmax()}"
@@ -147,8 +144,5 @@ def test_with_executorchs_custom_sdpa_every_step_gives_executorchs_logits_bit_fo
     decode = method._shape_plans[method._shape_key()].steps
     et_views = [step.__name__ for step, op in zip(decode, method._op_names) if op == "executorch_prim::et_view.default"]
     assert "view_copy_step" in et_views and "call_one_dynamic" not in et_views
-    # a squeeze of a fixed delegate output's strided slice: that view copied, no copy made per read
-    squeezes = [step.__name__ for step, op in zip(decode, method._op_names) if op.startswith("aten::squeeze_copy")]
-    assert squeezes and "view_copy_step" not in squeezes
     for k, (a, b) in enumerate(zip(ours, theirs)):
         np.testing.assert_array_equal(a, b, err_msg=f"step {k}")
