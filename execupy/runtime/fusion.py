@@ -1123,13 +1123,12 @@ def _dynamic_linear_step(method, weight: tuple, x: int, out: int, blocks: int = 
 
     packed = _packed_weight(method, weight)
     n, k = packed.shape
-    static, rows = method._arg(x)
-    result = method._out_array(out)
+    row, result = _decode_row(method, x, True), method._out_array(out)
     # The bound form rounds x into a buffer of its own before the mat-vec writes: out may be x's
     # memory (the planner may give it x's bytes, which the graph's fake-quantize chain read last)
-    if (quantized.bind_matvec is not None and static and _float32_rows(rows, result)
-            and rows.shape == (1, k) and result.shape == (n, 1)):
-        return _bound_fake_quantized_matvec(rows, packed, result.reshape(1, n), blocks)
+    if (quantized.bind_matvec is not None and row is not None and _float32_rows(result)
+            and row.shape == (1, k) and result.shape == (n, 1)):
+        return _bound_fake_quantized_matvec(row, packed, result.reshape(1, n), blocks)
     get_x, store, rows_times, rounded = _get(method, x), method._store_fn(out), _rows_times(packed), _activations(True, blocks)
 
     def dynamic_quantized_linear_step():
@@ -1264,9 +1263,8 @@ def _sibling_step(method, siblings: _Siblings, i: int):
         return _joint_step(method, siblings, packed, columns)
     joint = siblings.joint  # bound just before, in the same pass over the steps (same inputs: same pass)
     row, result = _decode_row(method, f.inputs[0], siblings.dynamic), method._out_array(f.out)
-    if joint is not None and joint.buffer is not None and row is not None and same_view(row, joint.row) \
-            and _float32_rows(result) \
-            and result.size == f.weight[3]:
+    if (joint is not None and joint.buffer is not None and row is not None and same_view(row, joint.row)
+            and _float32_rows(result) and result.size == f.weight[3]):
         part = joint.buffer[0, columns].reshape(result.shape)
 
         def sibling_columns() -> None:

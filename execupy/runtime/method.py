@@ -758,8 +758,6 @@ class Method:
             return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
         if self._frozen is not None and key in VIEW_OPS and all(static for static, _ in parts[1:]):
             source = self._fixed_in_plan(ins.args[0])
-            if source is None:  # a view fusion left unexecuted, of an array the plan fixes: that view
-                source = self._fixed_view(ins.args[0])  # (strided: one copy here, not two)
             if source is not None:  # a view of an array the plan fixes: bound as a view of a constant
                 parts[0] = (True, source)
                 return self._bind_kernel_static(key, kernel, fn, parts, ins.args[-1], store)
@@ -808,10 +806,13 @@ class Method:
 
     def _fixed_in_plan(self, i: int) -> Optional[np.ndarray]:
         """While a shape plan is bound: the array value i is at every call of the plan (one the
-        plan froze, or a planned tensor of static shape, whose stores copy into it), else None
-        (a view that fusion reads in place, an unplanned or non-tensor value)."""
-        if self._fusion is not None and i in self._fusion.aliases:
-            return None
+        plan froze, or a planned tensor of static shape, whose stores copy into it; a view fusion
+        reads in place, when it is one fixed view of such an array: strided, a contiguous copy of
+        it would be made at each read), else None (an unplanned or non-tensor value)."""
+        alias = self._fusion.aliases.get(i) if self._fusion is not None else None
+        if alias is not None:
+            static, v = alias.arg(self, contiguous=False)
+            return v if static and isinstance(v, np.ndarray) else None
         if i in self._frozen:
             v = self._frozen[i]
         elif i in self._dynamic or i in self._unplanned or not isinstance(self._plan_values[i], P.Tensor):
@@ -819,16 +820,6 @@ class Method:
         else:
             v = self.values[i]
         return v if isinstance(v, np.ndarray) else None
-
-    def _fixed_view(self, i: int) -> Optional[np.ndarray]:
-        """While a shape plan is bound: value i as the view fusion reads it in place (Alias), when
-        that is one fixed view of an array the plan fixes (made contiguous it would be a copy at
-        each read: a slice of RoPE's output, say), else None."""
-        alias = self._fusion.aliases.get(i) if self._fusion is not None else None
-        if alias is None:
-            return None
-        static, v = alias.arg(self, contiguous=False)
-        return v if static and isinstance(v, np.ndarray) else None
 
     def _bind_delegate(self, pc: int, ins: P.DelegateCall) -> Step:
         delegates = self.plan.delegates
