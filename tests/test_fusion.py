@@ -291,6 +291,39 @@ def test_fused_quantized_tiny_llm_agrees_with_unfused(quantize, tmp_path):
         assert x.reshape(-1, x.shape[-1])[-1].argmax() == y.reshape(-1, y.shape[-1])[-1].argmax()
 
 
+def test_float_linears_side_by_side_give_the_bits_of_their_own_products(tmp_path, monkeypatch):
+    """An fp32 program keeps each layer's q, k, v weights and its gate, up weights one after
+    another in the file: a decode step multiplies by each run in one pass over that memory (no
+    copy), and the logits are bit for bit those of one product per linear."""
+    pytest.importorskip("torch")
+    from execupy.kernels.fast import dense
+    from execupy.llm.export import export_llm
+    from execupy.runtime import fusion
+
+    from .llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
+
+    if dense.matvec_kernel() is None:
+        pytest.skip("the shared decode mat-vec needs numba")
+    monkeypatch.setattr(dense, "SHARE_MIN_BYTES", 0)  # the tiny model's weights are shared as SmolLM2's are
+    result = export_llm(_write_tiny_model(tmp_path / "hf"), tmp_path / "tiny.pte", max_seq_len=MAX_SEQ_LEN,
+                        max_prefill_len=MAX_PREFILL)
+    program = Program.load(result.pte_path)
+    joined = program.load_method("forward")
+    monkeypatch.setattr(fusion, "_join_float_siblings", lambda *args: None)
+    alone = program.load_method("forward")
+    prompt = np.array([[3, 9, 27, 81]], np.int64)
+    for m in (joined, alone):
+        m.execute([prompt, np.array([0], np.int64)])
+    for pos, token in enumerate([1, 5, 17, 42, 7, 99], start=prompt.shape[1]):
+        a, b = (m.execute([np.array([[token]], np.int64), np.array([pos], np.int64)])[0] for m in (joined, alone))
+        assert np.array_equal(a, b), f"position {pos}: max |diff| {np.abs(a - b).max()}"
+    layers = sum(1 for op in joined._op_names if op == "llama::custom_sdpa.out")
+    names = [step.__name__ for step in joined._shape_plans[joined._shape_key()].steps]
+    assert names.count("float_sibling_products") == 2 * layers  # q, k, v and gate, up: one product each
+    assert names.count("float_sibling_rows") == 3 * layers
+    assert "float_sibling_products" not in [step.__name__ for step in alone._shape_plans[alone._shape_key()].steps]
+
+
 @pytest.mark.parametrize("quantize", ["8da4w", "int4"])
 def test_sibling_linears_give_the_bits_of_their_own_products(quantize, tmp_path, monkeypatch):
     """A layer's q, k, v (and gate, up) multiplied as one weight side by side: token by token

@@ -37,7 +37,9 @@ it takes. The rule (docs/fusion.md says the same for users):
    Quantized linears of one input (a layer's q, k, v; gate, up) then share one weight packed
    side by side (`_join_siblings`): the first one's decode step multiplies for all of them and
    the others copy their columns out (a decode mat-vec's outputs do not depend on the columns
-   beside them: the same bits); a prompt's rows take each one's own columns.
+   beside them: the same bits); a prompt's rows take each one's own columns. Float32 linears
+   of one input whose weights the file keeps one after another are joined alike, read in place
+   (`_join_float_siblings`).
    Each fused kernel runs the same float32 operations in the same order as the
    portable kernels it replaces, so results are bit-identical, except the quantized
    linear, which accumulates in a different order (equal within float32 rounding,
@@ -1372,6 +1374,103 @@ def _decode_row(method, i: int, dynamic: bool) -> Optional[np.ndarray]:
     return a.reshape(1, -1)
 
 
+# ---------------------------------------------------------------------------- float32 linears side by side
+
+
+@dataclass
+class _FloatSiblings:
+    """float32 linears of one input whose weights the file keeps one after another (a layer's q, k
+    and v; gate and up), in program order, with their weights as one array read in place; `joint`
+    is what the first one's latest binding made: (the input column it reads, all their outputs)."""
+
+    members: list[Node]
+    weight: np.ndarray  # [sum of N, K]
+    starts: list[int]  # each member's first row in `weight`
+    joint: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+
+def _join_float_siblings(g: Graph, patterns: dict[int, Fused], aliases: dict[int, Alias], removed: frozenset) -> None:
+    """mm(W, xT) of float32 constant weights [N, K] reading one array (views of one value, nothing
+    writing it from the first one to the last), whose weights lie one after another in the file
+    (`Program.side_by_side`: no copy, memory stays at the file's size): a decode step's first one
+    multiplies by all of them in one pass on both cores, the others copy their rows out. Each
+    output row is the same kernel's dot product as alone: the same bits. Only weights the decode
+    mat-vec shares anyway (dense.SHARE_MIN_BYTES) are joined; smaller ones stay on BLAS, which rounds
+    otherwise."""
+    from ..kernels.fast import dense
+
+    method, groups = g.method, {}
+    for pc in sorted(g.nodes):
+        node = g.nodes[pc]
+        if pc in patterns or pc in removed or node.op != "aten::mm.out" or len(node.args) != 2:
+            continue
+        w, rows = node.args
+        if (g.is_const(w) and _float32(g, w, rows, node.out) and len(g.value(w).sizes) == 2
+                and method.values[w].nbytes >= dense.SHARE_MIN_BYTES):
+            alias = aliases.get(rows)
+            groups.setdefault((alias.root if alias else rows, g.value(w).sizes[1]), []).append(node)
+    for (root, _), nodes in groups.items():
+        for run in _runs_side_by_side(method, nodes):
+            if len(run) < 2 or not g.untouched(root, run[0].pc, run[-1].pc - 1, removed):
+                continue
+            weights = [method.values[node.args[0]] for node in run]
+            starts = [sum(w.shape[0] for w in weights[:i]) for i in range(len(run))]
+            siblings = _FloatSiblings(run, method.program.side_by_side(weights), starts)
+            for i, node in enumerate(run):
+                patterns[node.pc] = Fused("float_linear", frozenset({node.pc}), node.pc, (node.args[1],), node.out,
+                                          lambda method, i=i, s=siblings: _float_sibling_step(method, s, i))
+
+
+def _runs_side_by_side(method, nodes: list[Node]) -> list[list[Node]]:
+    """`nodes` cut into runs whose weights follow each other in the file."""
+    runs = [[nodes[0]]]
+    for node in nodes[1:]:
+        before = method.values[runs[-1][-1].args[0]]
+        if method.program.side_by_side([before, method.values[node.args[0]]]) is not None:
+            runs[-1].append(node)
+        else:
+            runs.append([node])
+    return runs
+
+
+def _float_sibling_step(method, siblings: _FloatSiblings, i: int):
+    """A decode step (fixed column [K, 1], fixed output): the first sibling's mat-vec over every
+    weight, or a later one's rows of it; anything else (a prompt), the mm as bound alone."""
+    from ..kernels.cores import CallSite
+    from ..kernels.fast import dense
+
+    node, start = siblings.members[i], siblings.starts[i]
+    static, x = method._arg(node.args[1])
+    result = method._out_array(node.out)
+    n, k = method.values[node.args[0]].shape
+    decode = (static and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.shape == (k, 1)
+              and x[:, 0].flags.c_contiguous and _float32_rows(result) and result.shape == (n, 1)
+              and not np.may_share_memory(x, result))
+    if i == 0:
+        siblings.joint = None
+        matvec = dense.matvec_kernel()
+        if not decode or matvec is None:
+            return method._bind(node.pc, method.plan.instructions[node.pc])
+        weight, column, site, y = siblings.weight, x[:, 0], CallSite(), result.reshape(-1)
+        products = np.empty(weight.shape[0], np.float32)
+        mine = products[:n]
+        siblings.joint = (x, products)
+
+        def float_sibling_products() -> None:
+            matvec(site, weight, column, products)
+            np.copyto(y, mine)
+
+        return float_sibling_products
+    if not decode or siblings.joint is None or not same_view(x, siblings.joint[0]):
+        return method._bind(node.pc, method.plan.instructions[node.pc])
+    part, y = siblings.joint[1][start:start + n], result.reshape(-1)
+
+    def float_sibling_rows() -> None:
+        np.copyto(y, part)
+
+    return float_sibling_rows
+
+
 def find_patterns(g: Graph) -> dict[int, Fused]:
     """Every pattern in the graph, by structure alone; later anchors first, none overlapping."""
     found: dict[int, Fused] = {}
@@ -1418,6 +1517,7 @@ def plan_fusion(method) -> Optional[FusionPlan]:
             else:
                 patterns[a] = patterns[a].fallback
     _join_siblings(g, patterns, aliases, frozenset(removed))
+    _join_float_siblings(g, patterns, aliases, frozenset(removed))
     for run in find_chains(g, removed | set(patterns), aliases):  # rule 3, on what is left
         anchor = run[-1].pc
         patterns[anchor] = Fused("elementwise", frozenset(op.pc for op in run), anchor, (), run[-1].out,

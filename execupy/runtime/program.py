@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import numpy as np
 
@@ -142,6 +142,21 @@ class Program:
             self._base = np.frombuffer(mm, np.uint8).ctypes.data
         start = array.ctypes.data - self._base
         return (start, start + array.nbytes) if 0 <= start and start + array.nbytes <= len(mm) else None
+
+    def side_by_side(self, constants: Sequence[np.ndarray]) -> Optional[np.ndarray]:
+        """One array over `constants` stacked on their first axis, read in place from this program's
+        mapping, when they lie there one after another (C order, one dtype, the same row shape);
+        None otherwise. Nothing is copied: memory stays at the file's size."""
+        first = constants[0]
+        if not all(isinstance(c, np.ndarray) and c.ndim >= 1 and c.flags.c_contiguous and c.dtype == first.dtype
+                   and c.shape[1:] == first.shape[1:] for c in constants):
+            return None
+        spans = [self._span(c) for c in constants]
+        if None in spans or any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+            return None
+        rows = sum(c.shape[0] for c in constants)
+        count = (spans[-1][1] - spans[0][0]) // first.dtype.itemsize
+        return np.frombuffer(self._keepalive, first.dtype, count, spans[0][0]).reshape(rows, *first.shape[1:])
 
     def note_full_read(self, constant: np.ndarray) -> None:
         """A bound step reads all of `constant` at each call (a matrix product's weight, not an

@@ -144,9 +144,9 @@ class FeedForward(nn.Module):
         c = config
         self.gpt2 = c.arch == "gpt2"
         self.w1 = nn.Linear(c.dim, c.hidden_dim, bias=self.gpt2)
-        self.w2 = nn.Linear(c.hidden_dim, c.dim, bias=self.gpt2)
-        if not self.gpt2:
+        if not self.gpt2:  # made before w2: the program keeps gate and up side by side (one decode product)
             self.w3 = nn.Linear(c.dim, c.hidden_dim, bias=False)
+        self.w2 = nn.Linear(c.hidden_dim, c.dim, bias=self.gpt2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gpt2:
