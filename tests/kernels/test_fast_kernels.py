@@ -445,6 +445,27 @@ def test_a_forked_child_shares_mat_vecs_without_the_parents_thread():
 
 
 @needs_numba
+@pytest.mark.parametrize("start_pos, seqlen, heads, kv_heads, dim", [
+    (0, 113, 9, 3, 64), (37, 40, 9, 3, 64),  # SmolLM2's prompt shapes, one 512-key block
+    (0, 7, 6, 2, 24), (3, 5, 5, 5, 17), (480, 40, 4, 1, 8)])  # odd sizes; 520 keys: two blocks, numpy alone
+def test_compiled_prompt_softmax_gives_the_numpy_paths_bits(monkeypatch, start_pos, seqlen, heads, kv_heads, dim):
+    """A prompt's custom_sdpa in a process that has numba loaded makes the softmax between its two
+    products in one compiled pass: bit for bit the numpy path's weights and output."""
+    import numba  # noqa: F401  (loaded: the gate of the compiled path)
+
+    from execupy.kernels.llm import kv_cache
+
+    rng = np.random.default_rng(start_pos + seqlen)
+    q = 3 * rng.standard_normal((1, seqlen, heads, dim), dtype=np.float32)
+    k, v = (2 * rng.standard_normal((1, 700, kv_heads, dim), dtype=np.float32) for _ in range(2))
+    assert kv_cache._compiled_softmax() is not None
+    compiled = kv_cache.custom_sdpa(q, k, v, start_pos, None, 0.0, True, None, np.empty_like(q))
+    monkeypatch.setattr(kv_cache, "_compiled_softmax", lambda: None)
+    plain = kv_cache.custom_sdpa(q, k, v, start_pos, None, 0.0, True, None, np.empty_like(q))
+    assert np.array_equal(compiled, plain)
+
+
+@needs_numba
 @pytest.mark.parametrize("start_pos, heads, kv_heads, dim", [
     (0, 9, 3, 64), (150, 9, 3, 64), (600, 9, 3, 64),  # SmolLM2's shapes; 601 keys: two 512-key blocks
     (10, 6, 2, 24), (5, 5, 5, 17), (3, 4, 1, 8)])  # odd head sizes, multi-head, one KV head

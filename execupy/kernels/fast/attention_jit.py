@@ -145,3 +145,27 @@ def decode_attention_heads(q, k, v, kv_len, scale, block, h0, h1, out):
         inv = np.float32(1) / row_sum[h]
         for d in range(dim):
             out[h, d] = acc[h, d] * inv
+
+
+@numba.njit(cache=True, nogil=True)
+def causal_softmax_rows(scores, positions, scale, sums):
+    """A prompt's attention weights in place, as the numpy path makes them for one block of keys:
+    scores [G, R, L] scaled, -inf past row r's position positions[r], exp(score - row max) (the
+    decode kernel's exp, rounded once from float64), and sums [G, R] the rows' lane sums of
+    ExecuTorch's order over all L (masked keys add zeros). The numpy path made a dozen passes
+    over the [G, R, L] scores with temporaries (SmolLM2's 113-token prompt: ~0.35 ms a layer)."""
+    groups, rows, width = scores.shape
+    for g in range(groups):
+        for r in range(rows):
+            e, seen = scores[g, r], min(positions[r] + 1, width)  # keys past the position weigh exp(-inf) = 0
+            for t in range(seen):
+                e[t] *= scale
+            e[seen:] = 0
+            top = e[0]
+            for t in range(1, seen):
+                if e[t] > top or e[t] != e[t]:  # a NaN stays, as numpy's max keeps it
+                    top = e[t]
+                    if top != top:
+                        break
+            exp_below(e, seen, top)
+            sums[g, r] = _lane_sum(e, width)

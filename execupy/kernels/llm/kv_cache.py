@@ -122,7 +122,14 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
     scores scaled then maxed, exp(score - max) summed in lanes, the running sum and output
     rescaled by exp(old max - new max), and the output finally multiplied by 1 / sum. The
     two products are numpy's matmul (ExecuTorch's go through MKL's sgemm, whose order of
-    summation is its own: docs/xnnpack-export.md)."""
+    summation is its own: docs/xnnpack-export.md). One causal block with numba loaded: the
+    softmax between the two products is one compiled pass (the same arithmetic)."""
+    softmax = _compiled_softmax() if positions is not None and k.shape[1] <= KV_BLOCK else None
+    if softmax is not None and q.dtype == k.dtype == v.dtype == np.float32:
+        scores = np.matmul(q, k.transpose(0, 2, 1))
+        sums = np.empty(scores.shape[:2], np.float32)
+        softmax(scores, positions, np.float32(scale), sums)
+        return np.matmul(scores, v) * (1 / sums[..., None])
     row_max = row_sum = acc = None
     for n in range(0, k.shape[1], KV_BLOCK):
         scores = np.matmul(q, k[:, n : n + KV_BLOCK].transpose(0, 2, 1))
@@ -146,6 +153,17 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.ndarray,
         acc += np.matmul(weights, v[:, n : n + KV_BLOCK])
         row_max = new_max
     return acc * (1 / row_sum)
+
+
+def _compiled_softmax() -> Optional[Callable]:
+    """attention_jit's causal softmax of a block of scores where numba is loaded already and allowed."""
+    from ..fast.elementwise import numba_loaded
+
+    if not numba_loaded():
+        return None
+    from ..fast.attention_jit import causal_softmax_rows
+
+    return causal_softmax_rows
 
 
 _COMPILED: list[Callable] = []  # the compiled decode attention, once loaded
