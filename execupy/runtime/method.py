@@ -116,6 +116,14 @@ _BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
 }
 
 
+# Ops computed element by element and exactly rounded: their result does not depend on how their
+# operands lie in memory, so they read a view fusion leaves unexecuted (a prompt's transposed
+# activations) as it is (Method._arg's in_place) instead of a contiguous copy made at each call.
+_LAYOUT_FREE = frozenset({"aten::add.out", "aten::sub.out", "aten::mul.out", "aten::div.out"})
+# From this many multiply-adds (m * k * n) OpenBLAS packs its operands for the general kernel, whatever
+# their layout; below, its small-matrix kernels (up to 100**3 on x86) differ by layout.
+_PACKED_PRODUCT = 2_000_000
+
 # Ops that read a few rows of a table (an embedding's): Program.populate_in_background leaves the
 # table's pages to be read as looked up.
 _ROW_LOOKUPS = ("aten::embedding.", "aten::index_select.", "aten::index.", "aten::gather.",
@@ -526,12 +534,14 @@ class Method:
             return f"delegate:{self.plan.delegates[ins.delegate_index].id}"
         return type(ins).__name__
 
-    def _arg(self, i: int) -> tuple[bool, Any]:
-        """(is_static, value_or_getter) for argument value i."""
+    def _arg(self, i: int, in_place: bool = False) -> tuple[bool, Any]:
+        """(is_static, value_or_getter) for argument value i. `in_place`: a view op fusion does not
+        execute is read as the view it is (for a step whose result does not depend on its
+        operands' memory layout), not as the contiguous copy the view op would have made."""
         self._check_index(i, "an instruction argument")
         alias = self._fusion.aliases.get(i) if self._fusion is not None else None
         if alias is not None:  # a view op that fusion does not execute: read a view of its source
-            return alias.arg(self)
+            return alias.arg(self, contiguous=not in_place)
         v = self._plan_values[i]
         values = self.values
         if isinstance(v, P.IntList):
@@ -743,7 +753,9 @@ class Method:
             parts = [self._arg(a) for a in ins.args]
             store = self._store_fn(ins.args[0])
         else:
-            parts = [self._arg(a) for a in ins.args[:-1]]
+            parts = [self._arg(a, key in _LAYOUT_FREE) for a in ins.args[:-1]]
+            if key == "aten::mm.out":
+                parts = self._product_operands(ins.args[:-1], parts)
             store = self._store_fn(ins.args[-1])
         if self._frozen is None and not key.startswith(_ROW_LOOKUPS):  # (a shape plan's constants were noted at load)
             for static, p in parts:  # constants read whole at each call: worth mapping in ahead
@@ -781,6 +793,19 @@ class Method:
             store(fn(*[p if static else p() for static, p in resolved]))
 
         return call_dynamic
+
+    def _product_operands(self, args: Sequence[int], parts: list) -> list:
+        """mm's operands as bound: a transposed view fusion leaves unexecuted (a prompt's activations,
+        W @ x^T) read where it lies, without a copy per call, when the plan fixes both operands and
+        the product is one OpenBLAS packs (it copies either layout into the same panels and runs
+        the same kernel: the same bits); else `parts`, made contiguous as the view op would."""
+        in_place = [self._arg(a, in_place=True) for a in args]
+        a, b = (p for _, p in in_place[:2]) if len(in_place) >= 2 else (None, None)
+        if (all(static for static, _ in in_place) and isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                and a.ndim == b.ndim == 2 and a.shape[0] > 1 and b.shape[1] > 1
+                and a.shape[0] * a.shape[1] * b.shape[1] > _PACKED_PRODUCT):
+            return in_place
+        return parts
 
     def _bind_kernel_static(self, key: str, kernel: Callable, fn: Callable, parts: list, ret: int,
                             store: Callable) -> Step:
