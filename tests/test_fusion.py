@@ -95,8 +95,10 @@ def test_a_prompts_transposed_activations_are_read_where_they_lie():
     steps = {}
     for name, step in zip(method._op_names, method._shape_plans[method._shape_key()].steps):
         steps.setdefault(name, []).append(step.__name__)
-    assert steps["aten::mm.out"].count("mm_step") == 60  # o and down projections, on fixed operands
-    assert set(steps["fused:float_linear"]) == {"mm_step"}  # q, k, v, gate, up
+    # the products OpenBLAS packs whatever the layout (32 rows: gate, up and down; q, k, v and o are
+    # below method._PACKED_PRODUCT and still copy their rows contiguous)
+    assert steps["aten::mm.out"].count("mm_step") == 30
+    assert steps["fused:float_linear"].count("mm_step") == 60
     assert steps["fused:silu"] == ["silu_into"] * 30
     assert steps["fused:add_rms_norm"] == ["add_rms_norm_into"] * 59
     assert set(steps["aten::mul.out"]) == {"call_static_out"}

@@ -120,9 +120,17 @@ _BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
 # operands lie in memory, so they read a view fusion leaves unexecuted (a prompt's transposed
 # activations) as it is (Method._arg's in_place) instead of a contiguous copy made at each call.
 _LAYOUT_FREE = frozenset({"aten::add.out", "aten::sub.out", "aten::mul.out", "aten::div.out"})
-# From this many multiply-adds (m * k * n) OpenBLAS packs its operands for the general kernel, whatever
-# their layout; below, its small-matrix kernels (up to 100**3 on x86) differ by layout.
-_PACKED_PRODUCT = 2_000_000
+# From this many multiply-adds (m * k * n) on, OpenBLAS packs its operands for its general kernel
+# whatever their layout; below, its "direct" sgemm of untransposed operands (SkylakeX, up to
+# 28 * 512**2 on one thread) and its small-matrix kernels (up to 100**3) differ by layout. Twice
+# that: a product may run as two halves of its rows (runtime/blas_threads.py).
+_PACKED_PRODUCT = 2 * 28 * 512 * 512
+
+
+def _packed(a: np.ndarray, b: np.ndarray) -> bool:
+    """a @ b is a product OpenBLAS computes alike whatever its operands' layout (_PACKED_PRODUCT)."""
+    return a.ndim == b.ndim == 2 and a.shape[0] > 1 and b.shape[1] > 1 and \
+        a.shape[0] * a.shape[1] * b.shape[1] >= _PACKED_PRODUCT
 
 # Ops that read a few rows of a table (an embedding's): Program.populate_in_background leaves the
 # table's pages to be read as looked up.
@@ -795,17 +803,23 @@ class Method:
         return call_dynamic
 
     def _product_operands(self, args: Sequence[int], parts: list) -> list:
-        """mm's operands as bound: a transposed view fusion leaves unexecuted (a prompt's activations,
-        W @ x^T) read where it lies, without a copy per call, when the plan fixes both operands and
-        the product is one OpenBLAS packs (it copies either layout into the same panels and runs
-        the same kernel: the same bits); else `parts`, made contiguous as the view op would."""
+        """mm's operands as bound (a, b, out): a transposed view fusion leaves unexecuted (a prompt's
+        activations, W @ x^T) read where it lies, without a copy per call, when the product is one
+        OpenBLAS packs (it copies either layout into the same panels and runs the same kernel: the
+        same bits); else made contiguous, as the view op would have, as `parts` are."""
         in_place = [self._arg(a, in_place=True) for a in args]
-        a, b = (p for _, p in in_place[:2]) if len(in_place) >= 2 else (None, None)
-        if (all(static for static, _ in in_place) and isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-                and a.ndim == b.ndim == 2 and a.shape[0] > 1 and b.shape[1] > 1
-                and a.shape[0] * a.shape[1] * b.shape[1] > _PACKED_PRODUCT):
-            return in_place
-        return parts
+        if len(in_place) != 3 or not in_place[0][0] or not isinstance(in_place[0][1], np.ndarray):
+            return parts
+        (_, a), (static, b) = in_place[:2]
+        if static:  # a shape plan's fixed operands: decided now
+            return in_place if isinstance(b, np.ndarray) and _packed(a, b) else parts
+        get, contiguous = b, np.ascontiguousarray
+
+        def rows_in_place():  # decided per call: a prompt's length on the general path
+            x = get()
+            return x if isinstance(x, np.ndarray) and _packed(a, x) else contiguous(x)
+
+        return [in_place[0], (False, rows_in_place), in_place[2]]
 
     def _bind_kernel_static(self, key: str, kernel: Callable, fn: Callable, parts: list, ret: int,
                             store: Callable) -> Step:

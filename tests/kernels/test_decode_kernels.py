@@ -161,7 +161,10 @@ def test_loading_an_llm_program_leaves_no_compiled_step_to_load_while_generating
     result = export_llm(_write_tiny_model(tmp_path / "hf"), tmp_path / "tiny.pte", max_seq_len=MAX_SEQ_LEN,
                         max_prefill_len=MAX_PREFILL, quantize="int4", group_size=32)
     method = Program.load(result.pte_path).load_method("forward")
-    kernels = {name: f for name, f in vars(decode_jit).items() if isinstance(f, numba.core.registry.CPUDispatcher)}
+    from execupy.kernels.fast import attention_jit  # a prompt's causal softmax
+
+    kernels = {f"{module.__name__}.{name}": f for module in (decode_jit, attention_jit)
+               for name, f in vars(module).items() if isinstance(f, numba.core.registry.CPUDispatcher)}
     loaded = {name: set(f.signatures) for name, f in kernels.items()}
     method.execute([np.array([[1, 5, 17, 42, 7]], np.int64), np.array([0], np.int64)])
     for pos in range(5, 9):

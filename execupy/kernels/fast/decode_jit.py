@@ -119,6 +119,9 @@ def warm_up() -> None:
     rotate_pairs_rows(np.ones((2, 16), np.float32), np.ones((2, 16), np.float32), np.ones((1, 16), np.float32),
                       np.ones((1, 16), np.float32), 2, np.empty((2, 16, 2), np.float32))
     mean_rows(np.ones((1, 16), np.float32), np.empty(1, np.float32))
+    from .attention_jit import causal_softmax_rows
+
+    causal_softmax_rows(np.ones((1, 2, 16), np.float32), np.arange(2), np.float32(0.25), np.empty((1, 2), np.float32))
     SECOND_THREAD.load_loop()
     cache = np.ones((4, 1, 16), np.float32)
     SECOND_THREAD.call(ST.attention_halves, (np.ones((2, 16), np.float32), cache, cache, 3, np.float32(0.25), 512,
