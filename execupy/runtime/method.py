@@ -807,8 +807,10 @@ class Method:
         activations, W @ x^T) read where it lies, without a copy per call, when the product is one
         OpenBLAS packs (it copies either layout into the same panels and runs the same kernel: the
         same bits); else made contiguous, as the view op would have, as `parts` are."""
+        if len(args) != 3 or self._fusion is None or args[1] not in self._fusion.aliases:
+            return parts  # no view in between: the rows are read as they are anyway
         in_place = [self._arg(a, in_place=True) for a in args]
-        if len(in_place) != 3 or not in_place[0][0] or not isinstance(in_place[0][1], np.ndarray):
+        if not in_place[0][0] or not isinstance(in_place[0][1], np.ndarray):
             return parts
         (_, a), (static, b) = in_place[:2]
         if static:  # a shape plan's fixed operands: decided now
