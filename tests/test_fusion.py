@@ -150,6 +150,9 @@ def test_fused_executorch_llm_program_equals_unfused(flags):
     for k, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"call {k}: max |diff| {np.abs(x - y).max()}"
     assert fused.steps_per_call < plain.steps_per_call
+    # the position, selected and read once per layer, is read once; the later reads take its value
+    reads = plain._op_names.count("aten::_local_scalar_dense")
+    assert fused._op_names.count("fused:same_scalar") == reads - fused._op_names.count("aten::_local_scalar_dense") > 0
 
 
 def test_fusion_is_off_when_asked_and_under_an_event_tracer(monkeypatch, tmp_path):

@@ -41,7 +41,8 @@ it takes. The rule (docs/fusion.md says the same for users):
    the others copy their columns out (a decode mat-vec's outputs do not depend on the columns
    beside them: the same bits); a prompt's rows take each one's own columns. Float32 linears
    of one input whose weights the file keeps one after another are joined alike, read in place
-   (`_join_float_siblings`).
+   (`_join_float_siblings`). A tensor's element read again with `item()` (`_local_scalar_dense`
+   of the same view of a tensor nothing wrote since) takes the first read's value (`_reuse_scalars`).
    Each fused kernel runs the same float32 operations in the same order as the
    portable kernels it replaces, so results are bit-identical, except the quantized
    linear, which accumulates in a different order (equal within float32 rounding,
@@ -1477,6 +1478,60 @@ def _float_sibling_step(method, siblings: _FloatSiblings, i: int):
     return float_sibling_rows
 
 
+# ---------------------------------------------------------------------------- scalars read again
+
+_SCALAR_READS = frozenset({"aten::_local_scalar_dense"})
+
+
+def _reuse_scalars(g: Graph, patterns: dict[int, Fused], aliases: dict[int, Alias], removed: frozenset) -> None:
+    """`item()` of the same element of a tensor nothing wrote since the last such read takes that
+    read's value: ExecuTorch's LLM programs select and read the position once per layer (SmolLM2:
+    61 reads a token, ~3 us each)."""
+    first: dict[tuple, Node] = {}
+    for pc in sorted(g.nodes):
+        node = g.nodes[pc]
+        if node.op not in _SCALAR_READS or len(node.args) != 1 or pc in patterns or pc in removed:
+            continue
+        key = _element_read(g, aliases, node.args[0])
+        seen = first.get(key) if key is not None else None
+        alias = aliases.get(node.args[0])
+        read = alias.root if alias is not None else node.args[0]
+        if (seen is not None and g.untouched(read, seen.pc, pc - 1, removed)
+                and g.untouched(seen.out, seen.pc, pc - 1, removed)):
+            patterns[pc] = Fused("same_scalar", frozenset({pc}), pc, node.args, node.out,
+                                 lambda method, read=seen.out, out=node.out: _same_scalar_step(method, read, out))
+        elif key is not None:
+            first[key] = node
+
+
+def _element_read(g: Graph, aliases: dict[int, Alias], i: int) -> Optional[tuple]:
+    """What value i reads: itself, or for a view fusion leaves unexecuted, its source and the view
+    with its constant parameters (None when a parameter is read at run time)."""
+    alias = aliases.get(i)
+    if alias is None:
+        return (i,)
+    params = []
+    for p in alias.params:
+        v = g.value(p)
+        if isinstance(v, P.IntList) and all(P.is_scalar(g.value(j)) and j not in g.method._slots for j in v.items):
+            params.append(tuple(P.scalar_value(g.value(j)) for j in v.items))
+        elif P.is_scalar(v) and p not in g.method._slots:
+            params.append(P.scalar_value(v))
+        else:
+            return None
+    source = _element_read(g, aliases, alias.source)
+    return None if source is None else (source, alias.view, tuple(params))
+
+
+def _same_scalar_step(method, read: int, out: int):
+    get, store = _get(method, read), method._store_fn(out)
+
+    def same_scalar() -> None:
+        store(get())
+
+    return same_scalar
+
+
 def find_patterns(g: Graph) -> dict[int, Fused]:
     """Every pattern in the graph, by structure alone; later anchors first, none overlapping."""
     found: dict[int, Fused] = {}
@@ -1524,6 +1579,7 @@ def plan_fusion(method) -> Optional[FusionPlan]:
                 patterns[a] = patterns[a].fallback
     _join_siblings(g, patterns, aliases, frozenset(removed))
     _join_float_siblings(g, patterns, aliases, frozenset(removed))
+    _reuse_scalars(g, patterns, aliases, frozenset(removed))
     for run in find_chains(g, removed | set(patterns), aliases):  # rule 3, on what is left
         anchor = run[-1].pc
         patterns[anchor] = Fused("elementwise", frozenset(op.pc for op in run), anchor, (), run[-1].out,
