@@ -1510,15 +1510,9 @@ def _element_read(g: Graph, aliases: dict[int, Alias], i: int) -> Optional[tuple
     alias = aliases.get(i)
     if alias is None:
         return (i,)
-    params = []
-    for p in alias.params:
-        v = g.value(p)
-        if isinstance(v, P.IntList) and all(P.is_scalar(g.value(j)) and j not in g.method._slots for j in v.items):
-            params.append(tuple(P.scalar_value(g.value(j)) for j in v.items))
-        elif P.is_scalar(v) and p not in g.method._slots:
-            params.append(P.scalar_value(v))
-        else:
-            return None
+    params = [_dims(g, p) if isinstance(g.value(p), P.IntList) else _scalar(g, p) for p in alias.params]
+    if None in params:
+        return None
     source = _element_read(g, aliases, alias.source)
     return None if source is None else (source, alias.view, tuple(params))
 
