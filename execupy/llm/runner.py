@@ -25,7 +25,7 @@ import numpy as np
 from execupy.errors import InvalidInputError
 from execupy.llm.sampler import Sampler, SamplerConfig
 from execupy.runtime import Module, TensorInfo, collector
-from execupy.runtime.heap import trim_heap
+from execupy.runtime.heap import page_out_compiler, trim_heap
 
 if TYPE_CHECKING:
     from execupy.llm.tokenizer import StreamDecoder
@@ -219,12 +219,17 @@ class LLMRunner:
         self.meta = read_metadata(self.module)
         m = self.meta
         self.forward = self.module.program.load_method("forward", event_tracer=event_tracer)
-        # The weights' pages mapped in on the other core while the tokenizer loads on this one.
-        self.module.program.populate_in_background()
+        page_out_compiler()  # the kernels the forward method calls are loaded: LLVM is done
         with collector.paused():  # a tokenizer.json is 100,000s of small objects (runtime/collector.py)
             self.tokenizer = load_tokenizer(tokenizer_path or find_tokenizer(pte_path), bos_id=m.bos_id,
                                             eos_ids=m.eos_ids, add_bos=m.add_bos, chat_template=m.chat_template)
         return_freed_heap()
+        # The weights' pages mapped in now, not faulted in by the first prompt, and not while the
+        # tokenizer parses: the two at once made the peak (SmolLM2 fp32: 50 MiB of JSON objects on
+        # top of the whole program). Nor while the first prompt runs on both cores (it ran 25% slower)
+        populating = self.module.program.populate_in_background()
+        if populating is not None:
+            populating.join()
         self.load_s = time.perf_counter() - t0
         self.pos = 0  # tokens held by the KV cache
         self.history: list[int] = []  # those tokens, for the repetition penalty

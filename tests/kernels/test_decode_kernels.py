@@ -1,6 +1,10 @@
 """The compiled one-token steps (execupy/kernels/fast/decode_jit.py) compute bit for bit what the
 numpy kernels they stand in for compute (kernels/fast/__init__.py, themselves bit-identical to
 the unfused portable instructions), and a decode plan uses them once numba is loaded."""
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -146,27 +150,75 @@ def test_rms_norm_rows_is_bit_identical_to_the_numpy_kernel(r, n, scale):
     assert np.array_equal(normed, expected) and np.array_equal(np.signbit(normed), np.signbit(expected))
 
 
-def test_loading_an_llm_program_leaves_no_compiled_step_to_load_while_generating(tmp_path):
-    """numba reads a kernel's machine code at its first call with each signature (a read-only
-    weight is one of its own): every compiled decode step a tiny LLM's prompt and first tokens
-    call was called at load, in that form (else 1-13 ms each fell inside the first tokens)."""
-    pytest.importorskip("torch")
-    import numba
+# In a process of its own (the kernels an earlier test called would look loaded): the runner's
+# load, then every compiled kernel's signatures and LLVM's resident pages before and after
+# generating. A kernel that gains a signature was read from numba's cache (or compiled) inside
+# a prompt or a token, through LLVM, whose pages the load handed back (runtime/heap.py).
+_GENERATE_AFTER_LOAD = r"""
+import json, sys
+import numba
+from execupy.llm.runner import LLMRunner
 
+def kernels():
+    return {f"{module}.{name}": sorted(map(str, f.signatures)) for module, m in list(sys.modules.items())
+            if module.startswith("execupy.") for name, f in vars(m).items()
+            if isinstance(f, numba.core.registry.CPUDispatcher)}
+
+def llvm_resident_kib():
+    # pages of LLVM's code and constants that only this process maps (the kernel does not page
+    # out what another process maps too, such as the pytest process that started this one)
+    kib, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if not fields[0].endswith(":"):
+            inside = len(fields) > 5 and "libllvmlite" in fields[5] and "w" not in fields[1]
+        elif fields[0] in ("Private_Clean:", "Private_Dirty:") and inside:
+            kib += int(fields[1])
+    return kib
+
+runner = LLMRunner(sys.argv[1], sys.argv[2])
+before, llvm_before = kernels(), llvm_resident_kib()
+runner.generate("the quick brown fox jumps over the lazy dog " * 2, max_new_tokens=4)
+after = kernels()
+print(json.dumps({"loaded_while_generating": {k: v for k, v in after.items() if v != before.get(k)},
+                  "llvm_kib": [llvm_before, llvm_resident_kib()]}))
+"""
+
+
+def _assert_nothing_loads_while_generating(pte, tokenizer) -> None:
+    proc = subprocess.run([sys.executable, "-c", _GENERATE_AFTER_LOAD, str(pte), str(tokenizer)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["loaded_while_generating"] == {}
+    # ~2 MiB stay: LLVM's relocated tables, written at load, have no file to go back to
+    assert seen["llvm_kib"][1] <= seen["llvm_kib"][0] + 256 and seen["llvm_kib"][0] < 4 << 10
+
+
+@pytest.mark.parametrize("flags", [{"quantize": "int4", "group_size": 32}, {"quantize": "int8"},
+                                   {"backend": "xnnpack", "quantize": "8da4w", "group_size": 32}],
+                         ids=["int4", "int8", "xnnpack-8da4w"])
+def test_loading_an_llm_program_leaves_no_compiled_step_to_load_while_generating(tmp_path, flags):
+    """numba reads a kernel's machine code at its first call with each signature (a read-only
+    weight is one of its own): every compiled kernel a tiny LLM's prompt and first tokens call
+    was called at load, in that form (else 1-13 ms each fell inside them), so LLVM's pages,
+    handed back at load, stay out while generating."""
+    pytest.importorskip("torch")
     from execupy.llm.export import export_llm
-    from execupy.runtime.program import Program
 
     from ..llm.test_export_runner import MAX_PREFILL, MAX_SEQ_LEN, _write_tiny_model
 
     result = export_llm(_write_tiny_model(tmp_path / "hf"), tmp_path / "tiny.pte", max_seq_len=MAX_SEQ_LEN,
-                        max_prefill_len=MAX_PREFILL, quantize="int4", group_size=32)
-    method = Program.load(result.pte_path).load_method("forward")
-    from execupy.kernels.fast import attention_jit  # a prompt's causal softmax
+                        max_prefill_len=MAX_PREFILL, **flags)
+    _assert_nothing_loads_while_generating(result.pte_path, tmp_path / "hf" / "tokenizer.json")
 
-    kernels = {f"{module.__name__}.{name}": f for module in (decode_jit, attention_jit)
-               for name, f in vars(module).items() if isinstance(f, numba.core.registry.CPUDispatcher)}
-    loaded = {name: set(f.signatures) for name, f in kernels.items()}
-    method.execute([np.array([[1, 5, 17, 42, 7]], np.int64), np.array([0], np.int64)])
-    for pos in range(5, 9):
-        method.execute([np.array([[3]], np.int64), np.array([pos], np.int64)])
-    assert {name: set(f.signatures) for name, f in kernels.items()} == loaded
+
+@pytest.mark.reference
+def test_executorchs_xnnpack_llm_program_leaves_no_compiled_step_to_load_while_generating(tmp_path):
+    """The same of ExecuTorch's own 8da4w XNNPACK program (its prompt quantizes its rows, runs
+    the many-row products, the sigmoid and the RMSNorm tail: each loaded at load now)."""
+    from tests.et_llm import Q8DA4W, export_with_executorch, tokenizer_size, write_tokenizer
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json")
+    _assert_nothing_loads_while_generating(export_with_executorch(Q8DA4W, vocab_size=tokenizer_size(tokenizer)),
+                                           tokenizer)

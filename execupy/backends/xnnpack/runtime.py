@@ -21,6 +21,7 @@ import numpy as np
 from ...errors import ExecupyError, InvalidInputError, MalformedProgramError
 from ...runtime.fusion import fusion_enabled
 from . import quant as Q
+from . import vmath
 from .fused import Fused, fused_steps
 from .nodes import BUILDERS, NOTHING, Step, reads
 from .schema import (EXTERNAL_INPUT, EXTERNAL_OUTPUT, NAMED_DATA_OFFSET, NO_EXTERNAL_ID, NO_VALUE, Graph, Node, Value,
@@ -386,6 +387,7 @@ class XnnpackBackend:
         return True
 
     def init(self, processed: memoryview, compile_specs: list, context: Any) -> Compiled:
+        vmath.warm_up()
         try:
             return compile_graph(read_payload(processed), context.named_data, context.event_tracer)
         except ExecupyError as e:

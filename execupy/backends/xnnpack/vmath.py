@@ -131,6 +131,22 @@ def _compile_rsqrt():
 _RSQRT14, _RSQRT, _RMS_TAIL = _compile_rsqrt()
 
 
+def warm_up() -> None:
+    """The compiled sigmoid and RMSNorm tail called once on tiny rows (the weight read-only, as a
+    program's constants are; numba compiles that form apart): numba reads each from its disk
+    cache at its first call, at load then (the XNNPACK backend's init), not inside a prompt."""
+    if _warmed:
+        return
+    _warmed.append(True)
+    x, weight = np.ones((2, 8), F32), np.ones(8, F32)
+    weight.flags.writeable = False
+    sigmoid(x)
+    rms_tail(np.ones((2, 1), F32), np.ones(1, F32), x, weight)
+
+
+_warmed: list[bool] = []
+
+
 def newton_step(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """XNNPACK's refinement of the estimate y of 1 / sqrt(a) (0 where a is inf), in numpy."""
     with np.errstate(all="ignore"):

@@ -105,6 +105,13 @@ class PackedWeight:
     rows_per_word: int
     serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see kernels/cores.py
 
+    def __post_init__(self) -> None:
+        # Read-only, all three, whether a view of the program's mapping or a copy: numba compiles
+        # a read-only array's call apart and warm_up can load only the one form at load (a per-
+        # channel int8 weight's scales stayed a view and its prompts loaded two kernels mid-call)
+        for array in (self.qt, self.scales, self.offsets):
+            array.flags.writeable = False
+
     @property
     def nibbles(self) -> bool:
         """4-bit rows, eight to a word, in panels."""

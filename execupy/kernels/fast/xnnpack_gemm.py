@@ -381,15 +381,16 @@ _warmed: list[bool] = []
 
 def _warm_up() -> None:
     """Once per process, at init: numba reads a kernel's machine code from its disk cache at its
-    first call (7-8 ms each here), which would otherwise fall inside the first generated token
-    of an LLM (a prompt runs the many-row kernel, not the decode mat-vec), with the other
-    compiled decode steps (decode_jit.warm_up)."""
+    first call (7-8 ms each here), which would otherwise fall inside an LLM's first prompt (its
+    quantizing and many-row kernels) or first generated token (the decode mat-vec), with the
+    other compiled decode steps (decode_jit.warm_up)."""
     if _warmed:
         return
     _warmed.append(True)
     w = pack_blockwise(np.zeros((PANEL, KSUM_CHUNK), np.int8), np.ones((PANEL, 1), F32))
     NUMBA["blockwise_matvec_from_float"](np.ones((1, KSUM_CHUNK), F32), w, np.zeros(PANEL, F32),
                                          np.empty((1, PANEL), F32))
+    quantizing(bind_blockwise(w, None))(np.ones((MATVEC_MAX_ROWS, KSUM_CHUNK), F32))  # a prompt's rows
     from . import decode_jit
 
     decode_jit.warm_up()
