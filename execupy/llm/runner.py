@@ -226,7 +226,7 @@ class LLMRunner:
         return_freed_heap()
         # The weights' pages mapped in now, not faulted in by the first prompt, and not while the
         # tokenizer parses: the two at once made the peak (SmolLM2 fp32: 50 MiB of JSON objects on
-        # top of the whole program). Nor while the first prompt runs on both cores (it ran 25% slower)
+        # top of the whole program). Joined: fp32's first prompt beside it ran ~10% slower (noisy)
         populating = self.module.program.populate_in_background()
         if populating is not None:
             populating.join()

@@ -100,7 +100,7 @@ def page_out_compiler() -> int:
     to that), so those pages are dead weight while generating. They are the library's read-only
     mappings, clean copies of the file: the kernel drops them, and should something compile
     after all they are read back from the file (a few ms); nothing else about them changes."""
-    if not any(name.startswith("llvmlite") for name in list(sys.modules)):
+    if "llvmlite" not in sys.modules:
         return 0
     libc = _libc()
     if libc is None:
