@@ -48,17 +48,78 @@ def test_depthwise_nchw_numba_equals_numpy(c, size, s, d, k, p, dtype):
     _assert_same_floats(ours, reference)
 
 
-@pytest.mark.parametrize("c, size, s, d, k, p", SHAPES)
-def test_depthwise_nhwc_float_numba_equals_numpy(c, size, s, d, k, p):
+EPILOGUES = {"none": (), "bias": "bias", "bias_relu6": ("bias", 0.0, 6.0), "clamp_only": (None, -1.0, 1.0)}
+
+
+def _epilogue(name: str, channels: int, rng) -> tuple:
+    """A float conv's (bias, lo, hi) arguments: a bias with a -0.0 and a NaN among its values."""
+    bias = rng.standard_normal(channels).astype(np.float32)
+    bias[0], bias[-1] = -0.0, np.nan if channels > 2 else bias[-1]
+    spec = EPILOGUES[name]
+    if spec == "bias":
+        return (bias,)
+    return tuple(bias if part == "bias" else part for part in spec)
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("c, size, s, d, k, p", SHAPES + [(16, 24, 1, 1, 3, 1), (8, 13, 2, 1, 3, 1)])
+def test_depthwise_nhwc_float_numba_equals_numpy(c, size, s, d, k, p, epilogue):
     rng = np.random.default_rng(c + size * k)
-    x = rng.standard_normal((1, size, size, c)).astype(np.float32)
+    x = rng.standard_normal((2, size, size, c)).astype(np.float32) * 4
     x[0, 0, 0, 0], x[0, -1, -1, -1] = -0.0, np.nan  # a padded tap must treat these as the padded copy does
     w = rng.standard_normal((k, k, c)).astype(np.float32)
     w[0, 0, 0] = -1.0  # 0 * -1 = -0.0 at a padded pixel
     w[0, -1, -1] = np.inf  # 0 * inf = NaN at a padded pixel, as in the padded copy
     o = _out_size(size, k, s, d, p)
-    ours, reference = _run("depthwise_nhwc", (x, w, (s, s), (d, d), (p, p, p, p), 0), np.empty((1, o, o, c), np.float32))
+    args = (x, w, (s, s), (d, d), (p, p, p, p), 0, *_epilogue(epilogue, c, rng))
+    ours, reference = FC.NUMBA["depthwise_nhwc"](*args[:6], np.empty((2, o, o, c), np.float32), *args[6:]), \
+        FC.NUMPY["depthwise_nhwc"](*args[:6], np.empty((2, o, o, c), np.float32), *args[6:])
     _assert_same_floats(ours, reference)
+    if epilogue in ("bias_relu6", "clamp_only"):
+        numbers = reference[~np.isnan(reference)]
+        assert numbers.min() >= args[7] and numbers.max() <= args[8] and (numbers == args[8]).any()
+
+
+def test_a_bound_depthwise_kernel_serves_inputs_of_other_widths():
+    """The XNNPACK node binds its filter once; a dynamic-shape input of another width gets
+    weights tiled for its own output row."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((3, 3, 8)).astype(np.float32)
+    bias = rng.standard_normal(8).astype(np.float32)
+    bound = FC.NUMBA["depthwise_nhwc_kernel"](w, (1, 1), (1, 1), (1, 1, 1, 1), 0, bias, 0.0, 6.0)
+    for width in (9, 5, 9, 12):
+        x = rng.standard_normal((1, 7, width, 8)).astype(np.float32)
+        ours = bound(x, np.empty((1, 7, width, 8), np.float32))
+        reference = FC.NUMPY["depthwise_nhwc"](x, w, (1, 1), (1, 1), (1, 1, 1, 1), 0, np.empty_like(ours), bias, 0.0, 6.0)
+        _assert_same_floats(ours, reference)
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("channels", [3, 16, 1000])
+def test_bias_clamp_numba_equals_numpy(channels, epilogue):
+    rng = np.random.default_rng(channels)
+    y = rng.standard_normal((5, 37, channels)).astype(np.float32) * 8
+    y.reshape(-1)[:4] = [np.nan, -0.0, 0.0, np.inf]
+    args = _epilogue(epilogue, channels, rng)
+    args = args + (None, -np.inf, np.inf)[len(args):]
+    ours, reference = FC.NUMBA["bias_clamp"](y.copy(), *args), FC.NUMPY["bias_clamp"](y.copy(), *args)
+    _assert_same_floats(ours, reference)
+    assert epilogue == "none" or not np.array_equal(ours, y, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype, zero", [(np.float32, 0), (np.int8, -7), (np.uint8, 128)])
+@pytest.mark.parametrize("layout", ["nhwc", "transposed_nchw"])
+def test_pad_into_numba_equals_numpy(dtype, zero, layout):
+    """A CNN's first conv reads its input through a transpose of the NCHW tensor."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((2, 3, 11, 13)) * 60).astype(dtype)
+    x = x.transpose(0, 2, 3, 1) if layout == "transposed_nchw" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    acc = np.float32 if dtype == np.float32 else np.float64
+    ours = FC.NUMBA["pad_into"](x, zero, 1, 2, np.zeros((2, 14, 16, 3), acc))
+    reference = FC.NUMPY["pad_into"](x, zero, 1, 2, np.zeros((2, 14, 16, 3), acc))
+    np.testing.assert_array_equal(ours, reference)
+    np.testing.assert_array_equal(ours[:, 1:12, 2:15], x.astype(acc) - zero)
+    assert not ours[:, 0].any() and not ours[:, 12:].any() and not ours[:, :, :2].any() and not ours[:, :, 15:].any()
 
 
 @pytest.mark.parametrize("c, size, s, d, k, p", SHAPES)
@@ -140,6 +201,10 @@ FC.NUMBA["depthwise_nhwc"](x.transpose(0, 2, 3, 1).copy(), np.ones((3, 3, 2), np
                            0, np.empty((1, 6, 6, 2), np.float32))
 FC.NUMBA["requantize"](np.ones((2, 3), np.int32), np.zeros(3, np.float32), np.ones(3, np.float32), 0, -128, 127,
                        np.empty((2, 3), np.float32))
+FC.NUMBA["depthwise_nhwc"](x.transpose(0, 2, 3, 1).copy(), np.ones((3, 3, 2), np.float32), (2, 2), (1, 1), (1, 1, 1, 1),
+                           0, np.empty((1, 3, 3, 2), np.float32))  # strided: its input split by column phase
+FC.NUMBA["bias_clamp"](np.ones((4, 3), np.float32), np.ones(3, np.float32), 0.0, 6.0)
+FC.NUMBA["pad_into"](np.ones((1, 2, 2, 3), np.float32), 0, 1, 1, np.zeros((1, 4, 4, 3), np.float32))
 """
 
 
@@ -149,6 +214,6 @@ def test_a_second_process_finds_every_conv_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"nchw", "nhwc", "requantize_rows"}
+    assert set(first) == {"nchw", "split_columns", "nhwc", "bias_clamp_flat", "pad_into", "requantize_rows"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

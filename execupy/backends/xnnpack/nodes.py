@@ -523,55 +523,71 @@ def _conv_nchw(node: Node, w: np.ndarray, dtype) -> Callable[[np.ndarray], np.nd
     return _nhwc(conv)
 
 
-def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype) -> Callable[[np.ndarray], np.ndarray] | None:
-    """NHWC x -> NHWC conv(x - x_zero, w) (no bias) without the NCHW round trip, for the two
-    kinds of layer a MobileNet is mostly made of: a depthwise conv through the compiled
-    kernel (integer inputs accumulate in int32 as XNNPACK does) and an ungrouped conv as one
-    matmul in `dtype` (a 1x1 one straight on the pixels, others on an NHWC im2col). None for
-    any other convolution (grouped, transposed)."""
+Epilogue = tuple[Optional[np.ndarray], float, float]  # a float conv's bias (or None) and clamp bounds
+
+
+def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype,
+               epilogue: Optional[Epilogue] = None) -> Callable[[np.ndarray], np.ndarray] | None:
+    """NHWC x -> NHWC conv(x - x_zero, w) without the NCHW round trip, for the two kinds of
+    layer a MobileNet is mostly made of: a depthwise conv through the compiled kernel and an
+    ungrouped conv as one matmul (a 1x1 one straight on the pixels, others on an NHWC
+    im2col), both in `dtype` (for integer inputs the caller's choice of a type that holds
+    every sum exactly, as XNNPACK's int32 does). With `epilogue` the result is also + bias
+    and clamped, in the compiled kernel's own pass over each output row or in one pass after
+    the matmul. None for any other convolution (grouped, transposed)."""
     f = node.fields
     stride, dilation, pads = _conv_geometry(f)
     cout, cin_g, kh, kw = w.shape
     x_val = g.values[f["input1_id"]]
     channels = x_val.dims[-1] if len(x_val.dims) == 4 else None
     if node.kind == "DepthwiseConv2d" and cin_g == 1 and channels == cout and FC.BACKEND == "numba":
-        acc = np.int32 if x_val.datatype in ("qint8", "quint8") else dtype
+        acc = dtype  # integer inputs too: the caller picks float32 only where it holds every sum exactly
         w_hwc = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0).astype(acc))  # (KH, KW, C)
-        flat_pads = (*pads[0], *pads[1])
+        kernel = FC.depthwise_nhwc_kernel(w_hwc, stride, dilation, (*pads[0], *pads[1]), x_zero, *(epilogue or ()))
 
         def depthwise(x: np.ndarray) -> np.ndarray:
             n, h, width, _ = x.shape
             oh = conv_output_size(h + pads[0][0] + pads[0][1], kh, stride[0], 0, dilation[0])
             ow = conv_output_size(width + pads[1][0] + pads[1][1], kw, stride[1], 0, dilation[1])
-            out = np.empty((n, oh, ow, cout), acc)
-            return FC.depthwise_nhwc(np.ascontiguousarray(x), w_hwc, stride, dilation, flat_pads, x_zero, out)
+            return kernel(np.ascontiguousarray(x), np.empty((n, oh, ow, cout), acc))
 
         return depthwise
     if node.kind != "Conv2d" or max(1, f["groups"]) != 1 or channels != cin_g:
         return None
-    wt = np.ascontiguousarray(w.reshape(cout, -1).T.astype(dtype))  # rows in (Cin, KH, KW) order, as NCHW's im2col
+    # rows in (KH, KW, Cin) order: an NHWC window's pixels are runs of KW * Cin contiguous values
+    wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, cout).astype(dtype))
     zero = dtype(x_zero)
     padded = any(p for pair in pads for p in pair)
+    finish = FC.bias_clamp_kernel(*epilogue) if epilogue else (lambda y: y)
     if (kh, kw) == (1, 1) and stride == (1, 1) and not padded:
 
         def pointwise(x: np.ndarray) -> np.ndarray:
             rows = x.reshape(-1, cin_g).astype(dtype, copy=False)
-            return np.matmul(rows - zero if x_zero else rows, wt).reshape(*x.shape[:-1], cout)
+            return finish(np.matmul(rows - zero if x_zero else rows, wt)).reshape(*x.shape[:-1], cout)
 
         return pointwise
 
     def dense(x: np.ndarray) -> np.ndarray:
-        """im2col on the NHWC input (one copy: each output pixel's window, channel-major)."""
-        x = x.astype(dtype, copy=False)
-        x = x - zero if x_zero else x
-        x = np.pad(x, ((0, 0), *pads, (0, 0))) if padded else x
+        """im2col on the NHWC input (one copy: each output pixel's window, row by row)."""
         n, h, width, c = x.shape
+        if padded:  # x - x_zero inside a zero border
+            (top, bottom), (left, right) = pads
+            xp = FC.pad_into(x, x_zero, top, left, np.zeros((n, h + top + bottom, width + left + right, c), dtype))
+        else:
+            xp = x.astype(dtype, copy=False)
+            xp = xp - zero if x_zero else xp
+        n, h, width, c = xp.shape
         oh = conv_output_size(h, kh, stride[0], 0, dilation[0])
         ow = conv_output_size(width, kw, stride[1], 0, dilation[1])
-        sn, sh, sw, sc = x.strides
-        windows = as_strided(x, (n, oh, ow, c, kh, kw),
-                             (sn, sh * stride[0], sw * stride[1], sc, sh * dilation[0], sw * dilation[1]), writeable=False)
-        return np.matmul(windows.reshape(n * oh * ow, c * kh * kw), wt).reshape(n, oh, ow, cout)
+        sn, sh, sw, sc = xp.strides
+        if dilation[1] == 1 and sw == c * sc:  # a window row is one run of kw * c values
+            windows = as_strided(xp, (n, oh, ow, kh, kw * c), (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sc),
+                                 writeable=False)
+        else:
+            windows = as_strided(xp, (n, oh, ow, kh, kw, c),
+                                 (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc),
+                                 writeable=False)
+        return finish(np.matmul(windows.reshape(n * oh * ow, kh * kw * c), wt)).reshape(n, oh, ow, cout)
 
     return dense
 
@@ -628,6 +644,16 @@ def _convolution(node: Node, g) -> Step:
     if g.values[f["filter_id"]].datatype not in ("fp32", "fp16"):
         raise UnsupportedOperatorError(f"XnnpackBackend: {node.kind} with a {g.values[f['filter_id']].datatype} "
                                        f"filter and {x_val.datatype} input")
+    if x_val.datatype == out_val.datatype == "fp32" and (not has_bias or b_id in g.constants):
+        # bias and clamp in the conv's own pass over its output where that is compiled
+        bias = g.const(b_id, f"{node.kind} bias").astype(F32) if has_bias else None
+        fused = _fast_conv(node, g, w.astype(F32), 0, F32, (bias, node.output_min, node.output_max))
+        if fused is not None:
+
+            def step_fused(vals: list) -> None:
+                vals[out] = fused(vals[x_id])
+
+            return step_fused
     conv = _fast_conv(node, g, w.astype(F32), 0, F32) or _conv_nchw(node, w, F32)
     bias = g.loader(b_id) if has_bias else None
     load, store = g.loader(x_id), g.storer(out, node)

@@ -12,12 +12,21 @@ Two layouts:
 
 * `depthwise_nchw(xp, w, stride, dilation, out)`: the portable `aten::convolution` layout;
   `xp` (N, C, H, W) already padded, `w` (C, KH, KW).
-* `depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out)`: XNNPACK's layout, `x`
-  (N, H, W, C), `w` (KH, KW, C), pads (top, bottom, left, right) read as zeros without
-  copying the input (a padded pixel still contributes `0 * w`, as the padded copy would,
-  so NaN and -0.0 come out the same). For int8 data `w` is int32 with its zero point
-  already taken off and `x_zero` is taken off each input, so the sum is exact in int32,
-  as XNNPACK's.
+* `depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out, bias=None, lo=-inf, hi=inf)`:
+  XNNPACK's layout, `x` (N, H, W, C), `w` (KH, KW, C), pads (top, bottom, left, right) read
+  as zeros without copying the input (a padded pixel still contributes `0 * w`, as the
+  padded copy would, so NaN and -0.0 come out the same). For int8 data `w` is int32 with its
+  zero point already taken off and `x_zero` is taken off each input, so the sum is exact in
+  int32, as XNNPACK's. A float convolution may end with XNNPACK's epilogue: + bias, then
+  clamped to [lo, hi] (NaN stays NaN), each output row while it is still in cache.
+  The compiled kernel runs each (output row, tap) as one loop over the row against the
+  tap's weights tiled across it; a strided conv first splits the input's columns by phase
+  so that those loops read contiguous runs.
+
+`bias_clamp(y, bias, lo, hi)` is that epilogue alone, in place on a matmul's (..., C) result
+(`bias_clamp_kernel(bias, lo, hi)` the same with its constants bound once).
+`pad_into(x, x_zero, top, left, xp)` writes x - x_zero inside a zero border already in xp:
+numpy's copy from a transposed NCHW input (a CNN's first layer) runs ~5x slower.
 
 `requantize(acc, bias, scale, zero_point, lo, hi, out)` turns such integer sums (int32, or
 float holding exact integers) plus a per-channel bias into int8 with XNNPACK's fp32
@@ -61,7 +70,8 @@ def _depthwise_nchw_numpy(xp: np.ndarray, w: np.ndarray, stride: tuple[int, int]
 
 
 def _depthwise_nhwc_numpy(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], dilation: tuple[int, int],
-                          pads: tuple[int, int, int, int], x_zero: int, out: np.ndarray) -> np.ndarray:
+                          pads: tuple[int, int, int, int], x_zero: int, out: np.ndarray, bias: Optional[np.ndarray] = None,
+                          lo: float = -np.inf, hi: float = np.inf) -> np.ndarray:
     top, bottom, left, right = pads
     shifted = x.astype(out.dtype) - out.dtype.type(x_zero) if x_zero else x.astype(out.dtype, copy=False)
     xp = np.pad(shifted, ((0, 0), (top, bottom), (left, right), (0, 0)))
@@ -71,7 +81,31 @@ def _depthwise_nhwc_numpy(x: np.ndarray, w: np.ndarray, stride: tuple[int, int],
             out[...] = term
         else:
             out += term
-    return out
+    return _bias_clamp_numpy(out, bias, lo, hi)
+
+
+def _bias_clamp_numpy(y: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float) -> np.ndarray:
+    """y (..., C) in place: + bias (C,) if given, then clamped to [lo, hi] unless unbounded."""
+    if bias is not None:
+        y += bias
+    if lo != -np.inf or hi != np.inf:
+        np.clip(y, y.dtype.type(lo), y.dtype.type(hi), out=y)
+    return y
+
+
+def _bias_clamp_kernel_numpy(bias: Optional[np.ndarray], lo: float, hi: float) -> Callable[[np.ndarray], np.ndarray]:
+    """bias_clamp with the bias and bounds fixed: y -> y."""
+    return lambda y: _bias_clamp_numpy(y, bias, lo, hi)
+
+
+def _pad_into_numpy(x: np.ndarray, x_zero: int, top: int, left: int, xp: np.ndarray) -> np.ndarray:
+    """xp[:, top:top + H, left:left + W] = x - x_zero, in xp's dtype (the rest of xp is left as it is)."""
+    inner = xp[:, top:top + x.shape[1], left:left + x.shape[2]]
+    if x_zero:
+        np.subtract(x, xp.dtype.type(x_zero), out=inner, casting="unsafe")
+    else:
+        inner[...] = x
+    return xp
 
 
 def _requantize_numpy(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, zero_point: int, lo: float, hi: float,
@@ -82,7 +116,16 @@ def _requantize_numpy(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, zero
     return out
 
 
+def _depthwise_nhwc_kernel_numpy(w: np.ndarray, stride: tuple[int, int], dilation: tuple[int, int],
+                                 pads: tuple[int, int, int, int], x_zero: int, bias: Optional[np.ndarray] = None,
+                                 lo: float = -np.inf, hi: float = np.inf) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """depthwise_nhwc with everything but the input and output fixed: (x, out) -> out."""
+    return lambda x, out: _depthwise_nhwc_numpy(x, w, stride, dilation, pads, x_zero, out, bias, lo, hi)
+
+
 NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwise_nhwc": _depthwise_nhwc_numpy,
+                              "depthwise_nhwc_kernel": _depthwise_nhwc_kernel_numpy, "bias_clamp": _bias_clamp_numpy,
+                              "bias_clamp_kernel": _bias_clamp_kernel_numpy, "pad_into": _pad_into_numpy,
                               "requantize": _requantize_numpy}
 
 # ---------------------------------------------------------------------------- numba
@@ -102,14 +145,64 @@ def _compile() -> Optional[dict[str, Callable]]:
         K.nchw(xp, w, *stride, *dilation, out)
         return out
 
-    def depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out):
-        kind = out.dtype.type  # the zero point and the padding's zero in the accumulator's type
-        K.nhwc(x, w, *stride, *dilation, pads[0], pads[2], kind(x_zero), kind(0), out)
-        return out
+    def depthwise_nhwc_kernel(w, stride, dilation, pads, x_zero, bias=None, lo=-np.inf, hi=np.inf):
+        sh, sw = stride
+        clamp = lo != -np.inf or hi != np.inf
+        rows: dict = {}  # output width -> (weights, bias) tiled across an output row
 
-    return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc, "requantize": requantize}
+        def tiled_rows(ow: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+            if ow not in rows:
+                no_bias = np.empty(0, dtype)
+                rows[ow] = (np.ascontiguousarray(np.tile(w.astype(dtype), (1, 1, ow))),
+                            no_bias if bias is None else np.tile(np.asarray(bias, dtype), ow))
+            return rows[ow]
+
+        def depthwise(x, out):
+            kind = out.dtype.type  # the zero point and the padding's zero in the accumulator's type
+            n, h, width, c = x.shape
+            if sw == 1 and x.dtype == out.dtype and not x_zero and x.flags.c_contiguous:
+                xs = x.reshape(n, h, 1, width * c)
+            else:
+                xs = np.empty((n, h, sw, -(-width // sw) * c), out.dtype)
+                K.split_columns(x, sw, kind(x_zero), xs)
+            tiled, bias_row = tiled_rows(out.shape[2], out.dtype)
+            bounds = (kind(lo), kind(hi)) if out.dtype.kind == "f" else (kind(0), kind(0))  # integer sums: no epilogue
+            K.nhwc(xs, tiled, bias_row, clamp, width, sh, sw, *dilation, pads[0], pads[2], kind(0), *bounds, out)
+            return out
+
+        return depthwise
+
+    def depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out, bias=None, lo=-np.inf, hi=np.inf):
+        return depthwise_nhwc_kernel(w, stride, dilation, pads, x_zero, bias, lo, hi)(x, out)
+
+    def bias_clamp_kernel(bias, lo, hi):
+        tiles: dict = {}  # dtype -> the bias tiled over at least 1024 values
+        clamp = lo != -np.inf or hi != np.inf
+
+        def bias_clamp(y):
+            if y.dtype not in tiles:
+                tiles[y.dtype] = np.empty(0, y.dtype) if bias is None else np.tile(
+                    np.asarray(bias, y.dtype), -(-1024 // bias.shape[0]))
+            kind = y.dtype.type
+            K.bias_clamp_flat(y.reshape(-1), tiles[y.dtype], clamp, kind(lo), kind(hi))
+            return y
+
+        return bias_clamp
+
+    def bias_clamp(y, bias, lo, hi):
+        return bias_clamp_kernel(bias, lo, hi)(y)
+
+    def pad_into(x, x_zero, top, left, xp):
+        s = x.strides
+        K.pad_into(x, xp.dtype.type(x_zero), top, left, abs(s[3]) > abs(s[2]), xp)
+        return xp
+
+    return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc,
+            "depthwise_nhwc_kernel": depthwise_nhwc_kernel, "bias_clamp": bias_clamp,
+            "bias_clamp_kernel": bias_clamp_kernel, "pad_into": pad_into, "requantize": requantize}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if numba_enabled() else None
 BACKEND = "numba" if NUMBA is not None else "numpy"
-depthwise_nchw, depthwise_nhwc, requantize = ((NUMBA or NUMPY)[name] for name in NUMPY)
+(depthwise_nchw, depthwise_nhwc, depthwise_nhwc_kernel, bias_clamp, bias_clamp_kernel, pad_into,
+ requantize) = ((NUMBA or NUMPY)[name] for name in NUMPY)

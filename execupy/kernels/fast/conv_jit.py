@@ -46,36 +46,112 @@ def nchw(xp, w, sh, sw, dh, dw, out):
         for c in range(out.shape[1]):
             nchw_plane(xp, w, sh, sw, dh, dw, out, n, c)
 
+@numba.njit(cache=True)
+def split_columns(x, sw, xz, xs):
+    """xs[n, r, phase, q*C + ch] = x[n, r, q*sw + phase, ch] - xz: the input's columns split by
+    stride phase, so that every kernel tap of an output row reads one contiguous run."""
+    c = x.shape[3]
+    for n in range(x.shape[0]):
+        for r in range(x.shape[1]):
+            for col in range(x.shape[2]):
+                dst = xs[n, r, col % sw, (col // sw) * c:(col // sw + 1) * c]
+                src = x[n, r, col]
+                for ch in range(c):
+                    dst[ch] = src[ch] - xz
+
+
 @numba.njit(cache=True, inline="always")
-def nhwc_row(x, w, sh, sw, dh, dw, top, left, xz, zero, out, n, y):
-    # Channels innermost, indexed by the loop's own counter (the other indices are
-    # loop-invariant, so their negative-index tests leave the loop and it vectorizes).
-    h, width, channels = x.shape[1], x.shape[2], x.shape[3]
-    for px in range(out.shape[2]):
-        for kh in range(w.shape[0]):
-            r = y * sh + kh * dh - top
-            for kw in range(w.shape[1]):
-                col = px * sw + kw * dw - left
-                first = kh == 0 and kw == 0
-                if 0 <= r < h and 0 <= col < width:
-                    if first:
-                        for ch in range(channels):
-                            out[n, y, px, ch] = (x[n, r, col, ch] - xz) * w[kh, kw, ch]
-                    else:
-                        for ch in range(channels):
-                            out[n, y, px, ch] += (x[n, r, col, ch] - xz) * w[kh, kw, ch]
-                elif first:  # a padded pixel: zero times the tap, as the padded copy computes it
-                    for ch in range(channels):
-                        out[n, y, px, ch] = zero * w[kh, kw, ch]
-                else:
-                    for ch in range(channels):
-                        out[n, y, px, ch] += zero * w[kh, kw, ch]
+def _tap(dst, src, wk, first):
+    if first:
+        for j in range(dst.shape[0]):
+            dst[j] = src[j] * wk[j]
+    else:
+        for j in range(dst.shape[0]):
+            dst[j] += src[j] * wk[j]
+
+
+@numba.njit(cache=True, inline="always")
+def epilogue(o, bias, clamp, lo, hi):
+    """o (+ bias when not empty), clamped to [lo, hi] if `clamp` (NaN stays NaN, as in np.clip)."""
+    if bias.shape[0]:
+        for j in range(o.shape[0]):
+            o[j] += bias[j]
+    if clamp:
+        for j in range(o.shape[0]):
+            v = o[j]
+            v = lo if v < lo else v
+            o[j] = hi if v > hi else v
+
 
 @numba.njit(cache=True)
-def nhwc(x, w, sh, sw, dh, dw, top, left, xz, zero, out):
-    for n in range(out.shape[0]):
-        for y in range(out.shape[1]):
-            nhwc_row(x, w, sh, sw, dh, dw, top, left, xz, zero, out, n, y)
+def bias_clamp_flat(y, bias_tile, clamp, lo, hi):
+    """Flat `y` in place, chunk by chunk of len(bias_tile) (the bias tiled over a few pixels,
+    so that a layer of 16 channels still runs long loops): + bias when `bias_tile` is not
+    empty, clamped to [lo, hi] if `clamp`."""
+    step = bias_tile.shape[0] if bias_tile.shape[0] else 4096
+    for j in range(0, y.shape[0], step):
+        chunk = y[j:j + step]
+        epilogue(chunk, bias_tile[:chunk.shape[0]], clamp, lo, hi)
+
+
+@numba.njit(cache=True)
+def pad_into(x, xz, top, left, channels_outer, xp):
+    """xp[n, top + y, left + px, ch] = x[n, y, px, ch] - xz, x of any strides: channels in
+    the outer loop when they are x's outer dimension in memory (a transposed NCHW input)."""
+    n_, h, w, c = x.shape
+    for n in range(n_):
+        for y in range(h):
+            dst = xp[n, top + y]
+            if channels_outer:
+                for ch in range(c):
+                    for px in range(w):
+                        dst[left + px, ch] = x[n, y, px, ch] - xz
+            else:
+                for px in range(w):
+                    for ch in range(c):
+                        dst[left + px, ch] = x[n, y, px, ch] - xz
+
+
+@numba.njit(cache=True)
+def nhwc(xs, tiled, bias_row, clamp, width, sh, sw, dh, dw, top, left, zero, lo, hi, out):
+    """Depthwise conv of `xs` (split_columns' layout; `width` the unsplit input's) into `out`
+    (N, OH, OW, C), then + bias when `bias_row` is not empty and clamped to [lo, hi] if `clamp`.
+
+    Each (output row, tap) is one loop over the whole row, OW*C products against the tap's
+    weights tiled across the row (`tiled`: (KH, KW, OW*C); `bias_row` the bias tiled so):
+    short per-pixel loops (C can be 16) cost more in loop set-up than in arithmetic. Padded
+    pixels add zero * w, as the padded copy would. (Three taps of a kernel row in one loop,
+    one load and store of the output instead of three, measured no faster.)"""
+    n_, h = xs.shape[0], xs.shape[1]
+    kh_, kw_, row = tiled.shape
+    oh, ow = out.shape[1], out.shape[2]
+    c = row // ow
+    zeros = np.full(row, zero, out.dtype)  # a padded run's input
+    flat = out.reshape(n_, oh, row)
+    for n in range(n_):
+        for y in range(oh):
+            o = flat[n, y]
+            for i in range(kh_):
+                r = y * sh + i * dh - top
+                for k in range(kw_):
+                    first = i == 0 and k == 0
+                    wk = tiled[i, k]
+                    off = k * dw - left  # input column = px * sw + off
+                    phase = off % sw
+                    shift = (off - phase) // sw  # split column = px + shift
+                    a = min(-(off // sw), ow) if off < 0 else 0  # the first px whose column is >= 0
+                    b = max(min(ow, (width - 1 - off) // sw + 1), a) if off < width else a  # past the last
+                    if not 0 <= r < h:
+                        b = a
+                    if a > 0:
+                        _tap(o[:a * c], zeros[:a * c], wk[:a * c], first)
+                    if b > a:
+                        _tap(o[a * c:b * c], xs[n, r, phase, (a + shift) * c:(b + shift) * c], wk[a * c:b * c], first)
+                    if b < ow:
+                        _tap(o[b * c:], zeros[b * c:], wk[b * c:], first)
+            if bias_row.shape[0] or clamp:
+                epilogue(o, bias_row, clamp, lo, hi)
+
 
 @numba.njit(cache=True)
 def requantize_rows(acc, bias, scale, zero, lo, hi, out):
@@ -87,4 +163,6 @@ def requantize_rows(acc, bias, scale, zero, lo, hi, out):
 
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats).
-KERNELS = {"nchw": nchw, "nhwc": nhwc, "requantize_rows": requantize_rows}
+KERNELS = {"nchw": nchw, "split_columns": split_columns, "nhwc": nhwc, "bias_clamp_flat": bias_clamp_flat,
+           "pad_into": pad_into,
+           "requantize_rows": requantize_rows}
