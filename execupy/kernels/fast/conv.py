@@ -3,10 +3,9 @@
 A depthwise convolution (one input channel per output channel) is a few multiply-adds per
 output pixel; numpy does it one kernel tap at a time over the whole tensor, each tap a pass
 through memory with a temporary, which made it the largest cost of a MobileNet forward.
-The compiled kernels keep each output pixel's sum in a register and add the taps in the
-same order as the numpy reference, first tap stored and the others added, each product
-rounded then added (no fused multiply-add), so the two agree bit for bit in float32 and
-float64, and exactly for integers.
+The compiled kernels add the taps in the same order as the numpy reference, first tap
+stored and the others added, each product rounded then added (no fused multiply-add), so
+the two agree bit for bit in float32 and float64, and exactly for integers.
 
 Two layouts:
 
@@ -15,9 +14,10 @@ Two layouts:
 * `depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out, bias=None, lo=-inf, hi=inf)`:
   XNNPACK's layout, `x` (N, H, W, C), `w` (KH, KW, C), pads (top, bottom, left, right) read
   as zeros without copying the input (a padded pixel still contributes `0 * w`, as the
-  padded copy would, so NaN and -0.0 come out the same). For int8 data `w` is int32 with its
-  zero point already taken off and `x_zero` is taken off each input, so the sum is exact in
-  int32, as XNNPACK's. A float convolution may end with XNNPACK's epilogue: + bias, then
+  padded copy would, so NaN and -0.0 come out the same). For int8 data `w` holds the
+  filter with its zero point already taken off and `x_zero` is taken off each input, in
+  int32 or in a float type that holds every sum exactly (XNNPACK's node picks float32 where
+  that holds: faster than int32 products), so the sum is XNNPACK's int32 one. A float convolution may end with XNNPACK's epilogue: + bias, then
   clamped to [lo, hi] (NaN stays NaN), each output row while it is still in cache.
   The compiled kernel runs each (output row, tap) as one loop over the row against the
   tap's weights tiled across it; a strided conv first splits the input's columns by phase

@@ -1,8 +1,8 @@
 """The numba kernels behind `execupy.kernels.fast.conv` (imported only where numba is installed).
 
 Module-level functions, not closures made inside a function: numba's disk cache never
-matches a jitted function that calls another closure's dispatcher (here the inlined row
-and plane helpers), so `nchw` and `nhwc` were compiled again in every process.
+matches a jitted function that calls another closure's dispatcher (here the inlined plane
+and tap helpers), so `nchw` and `nhwc` were compiled again in every process.
 `tests/kernels/test_fast_conv.py` checks that a second process finds every one in the cache.
 The arithmetic is documented in conv.py.
 """
