@@ -105,6 +105,9 @@ def test_bias_clamp_numba_equals_numpy(channels, epilogue):
     ours, reference = FC.NUMBA["bias_clamp"](y.copy(), *args), FC.NUMPY["bias_clamp"](y.copy(), *args)
     _assert_same_floats(ours, reference)
     assert epilogue == "none" or not np.array_equal(ours, y, equal_nan=True)
+    strided = y.copy()[:, ::2]  # in place on a view too
+    FC.NUMBA["bias_clamp"](strided, *args)
+    _assert_same_floats(strided, reference[:, ::2])
 
 
 @pytest.mark.parametrize("dtype, zero", [(np.float32, 0), (np.int8, -7), (np.uint8, 128)])

@@ -17,8 +17,9 @@ Two layouts:
   padded copy would, so NaN and -0.0 come out the same). For int8 data `w` holds the
   filter with its zero point already taken off and `x_zero` is taken off each input, in
   int32 or in a float type that holds every sum exactly (XNNPACK's node picks float32 where
-  that holds: faster than int32 products), so the sum is XNNPACK's int32 one. A float convolution may end with XNNPACK's epilogue: + bias, then
-  clamped to [lo, hi] (NaN stays NaN), each output row while it is still in cache.
+  that holds: faster than int32 products), so the sum is XNNPACK's int32 one. A float
+  convolution may end with XNNPACK's epilogue: + bias, then clamped to [lo, hi] (NaN stays
+  NaN), each output row while it is still in cache.
   The compiled kernel runs each (output row, tap) as one loop over the row against the
   tap's weights tiled across it; a strided conv first splits the input's columns by phase
   so that those loops read contiguous runs.
@@ -148,14 +149,14 @@ def _compile() -> Optional[dict[str, Callable]]:
     def depthwise_nhwc_kernel(w, stride, dilation, pads, x_zero, bias=None, lo=-np.inf, hi=np.inf):
         sh, sw = stride
         clamp = lo != -np.inf or hi != np.inf
-        rows: dict = {}  # output width -> (weights, bias) tiled across an output row
+        rows: dict = {}  # (output width, dtype) -> (weights, bias) tiled across an output row
 
         def tiled_rows(ow: int, dtype) -> tuple[np.ndarray, np.ndarray]:
-            if ow not in rows:
+            if (ow, dtype) not in rows:
                 no_bias = np.empty(0, dtype)
-                rows[ow] = (np.ascontiguousarray(np.tile(w.astype(dtype), (1, 1, ow))),
-                            no_bias if bias is None else np.tile(np.asarray(bias, dtype), ow))
-            return rows[ow]
+                rows[ow, dtype] = (np.ascontiguousarray(np.tile(w.astype(dtype), (1, 1, ow))),
+                                   no_bias if bias is None else np.tile(np.asarray(bias, dtype), ow))
+            return rows[ow, dtype]
 
         def depthwise(x, out):
             kind = out.dtype.type  # the zero point and the padding's zero in the accumulator's type
@@ -180,6 +181,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         clamp = lo != -np.inf or hi != np.inf
 
         def bias_clamp(y):
+            if not y.flags.c_contiguous:  # in place: a flat view is needed
+                return _bias_clamp_numpy(y, bias, lo, hi)
             if y.dtype not in tiles:
                 tiles[y.dtype] = np.empty(0, y.dtype) if bias is None else np.tile(
                     np.asarray(bias, y.dtype), -(-1024 // bias.shape[0]))
