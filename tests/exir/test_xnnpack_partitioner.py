@@ -63,7 +63,9 @@ def test_an_mlp_is_one_delegate_and_keeps_its_weights_in_named_data():
     program = Program.load(prog.buffer)
     (delegate,) = program.program.execution_plan[0].delegates
     graph = read_payload(program.delegate_payload(delegate.processed))
-    assert [n.kind for n in graph.nodes] == ["FullyConnected", "Clamp", "FullyConnected"]
+    # The relu is the first product's output bounds, as ExecuTorch fuses activations.
+    assert [n.kind for n in graph.nodes] == ["FullyConnected", "FullyConnected"]
+    assert (graph.nodes[0].output_min, graph.nodes[0].output_max) == (0.0, float("inf"))
     assert bytes(program.delegate_payload(delegate.processed)[36:40]) == GRAPH_IDENTIFIERS[0]
     weights = [model[0].weight, model[0].bias, model[2].weight, model[2].bias]
     keys = {hashlib.sha256(w.detach().numpy().tobytes()).hexdigest() for w in weights}
@@ -80,13 +82,31 @@ def test_a_float16_mlp_is_one_fp16_delegate():
     assert program.method_meta("forward").backends == ["XnnpackBackend"]
     (delegate,) = program.program.execution_plan[0].delegates
     graph = read_payload(program.delegate_payload(delegate.processed))
-    assert [n.kind for n in graph.nodes] == ["FullyConnected", "Clamp", "FullyConnected"]
+    assert [n.kind for n in graph.nodes] == ["FullyConnected", "FullyConnected"]
     assert {v.datatype for v in graph.values} == {"fp16"}  # weights too: no float32 copy of them
     got = Module(prog.buffer).forward(*[to_numpy(a) for a in args])
     assert_same(got, eager_outputs(model, args, 1)[0], case)
 
 
-@pytest.mark.parametrize("name", ["mlp_activations", "cnn_bn_pool", "depthwise_separable", "conv_variants",
+def node_kinds(prog) -> list[str]:
+    program = Program.load(prog.buffer)
+    return [n.kind for d in program.program.execution_plan[0].delegates
+            for n in read_payload(program.delegate_payload(d.processed)).nodes]
+
+
+def test_convolution_chains_run_channels_last_with_batch_norms_and_relus_folded():
+    """As ExecuTorch's export writes them: a batch norm right after a conv is in its filter and
+    bias, a relu after a conv its output bounds, and values stay NHWC from the first conv on,
+    transposed only at the ends (the input in; each returned 4-D value out)."""
+    kinds = node_kinds(lowered("channels_last_chain")[4])
+    assert kinds.count("StaticTranspose") == 3, kinds
+    assert "Clamp" not in kinds
+    assert kinds.count("Multiply") == 2, kinds  # the batch norm after the add (x * scale + shift), the gain
+    kinds = node_kinds(lowered("cnn_bn_pool")[4])
+    assert "Multiply" not in kinds and "Clamp" not in kinds, kinds
+
+
+@pytest.mark.parametrize("name", ["mlp_activations", "cnn_bn_pool", "channels_last_chain", "depthwise_separable", "conv_variants",
                                   "pooling_variants", "interpolate_bilinear", "gpt2_block", "llama_block",
                                   "kv_cache_attention"])
 def test_execupy_runtime_matches_eager(name):

@@ -262,6 +262,31 @@ def depthwise_separable():
     return Separable().eval(), (rand(1, 6, 8, 8),)
 
 
+class ChannelsLastChain(nn.Module):
+    """Convolutions with the ops between them: batch norm after a conv and after an add, relu6,
+    a residual add, a per-channel constant, sigmoid, leaky relu; a middle value returned too."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.register_buffer("gain", torch.linspace(0.5, 1.5, 8).reshape(8, 1, 1))
+        self.pointwise = nn.Conv2d(8, 6, 1)
+
+    def forward(self, x):
+        a = F.relu6(self.bn(self.conv(x)))
+        b = a + self.depthwise(a)
+        c = torch.sigmoid(self.bn2(b) * self.gain)
+        return F.leaky_relu(self.pointwise(c), 0.1), b
+
+
+@case(atol=1e-4)
+def channels_last_chain():
+    return _randomize_bn(ChannelsLastChain()), (rand(2, 4, 9, 7),)
+
+
 class Conv1dNet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -6,8 +6,12 @@ names values (runtime inputs, constants, results) and marks the subgraph's input
 outputs as external values in DelegateCall order, as ExecuTorch's runtime binds them.
 
 Layouts follow ExecuTorch's preprocess: FullyConnected filters are [out, in]; convolution
-runs in NHWC, with explicit StaticTranspose nodes around it and filters stored
-channels-last (O,H,W,I; depthwise [1,H,W,O]; transposed [G*O_g,H,W,I_g]).
+runs in NHWC with filters stored channels-last (O,H,W,I; depthwise [1,H,W,O]; transposed
+[G*O_g,H,W,I_g]). A value stays NHWC from the convolution that makes it through the
+elementwise ops, pools and convolutions after it; StaticTranspose nodes stand only where a
+reader needs torch's layout or the subgraph returns the value. As ExecuTorch's export does,
+a batch norm right after a float convolution is folded into its filter and bias, and a
+relu/hardtanh/clamp into the output bounds of the node computing its input.
 """
 from __future__ import annotations
 
@@ -47,7 +51,11 @@ class GraphBuilder:
     def __init__(self, constants: dict[torch.fx.Node, torch.Tensor], outputs: list[torch.fx.Node]):
         self.graph = XGraph()
         self.constants = constants
-        self.ids: dict[torch.fx.Node, int] = {}
+        self.ids: dict[torch.fx.Node, int] = {}  # node -> its result, laid out as torch has it
+        # Node -> its 4-D result held channels-last (NHWC), as convolutions read and write it. A chain
+        # conv -> relu -> conv -> add stays NHWC; the NCHW form is transposed from it only when
+        # something reads that (value()), or the subgraph returns it (define_nhwc()).
+        self.channels_last: dict[torch.fx.Node, int] = {}
         self.output_index = {n: i for i, n in enumerate(outputs)}
         self.num_inputs = 0
         # Static int8: the (scale, zero point) each such node's result is stored with (qint8).
@@ -77,18 +85,41 @@ class GraphBuilder:
         idx = self.graph.add_constant(data)
         return self.graph.add_value(XValue(self.float_type, list(data.shape) or [1], constant_buffer_idx=idx))
 
+    @staticmethod
+    def stored(arg: Any) -> Any:
+        """The node whose value `arg` reads: a static int8 dequantize is its quantized input itself
+        (the reader runs on qint8)."""
+        return arg.args[0] if _per_tensor(arg, qd.dequantize_per_tensor.default) is not None else arg
+
     def value(self, arg: Any) -> int:
-        """The value id of an operand: a runtime value, a constant (as laid out in torch) or a number.
-        A static int8 dequantize is its quantized input itself (the reader runs on qint8)."""
-        if _per_tensor(arg, qd.dequantize_per_tensor.default) is not None:
-            return self.ids[arg.args[0]]
+        """The value id of an operand as torch lays it out: a runtime value, a constant or a number."""
+        arg = self.stored(arg)
         if isinstance(arg, torch.fx.Node):
             if arg not in self.ids:
-                if arg not in self.constants:
+                if arg in self.channels_last:
+                    self.ids[arg] = self.transpose(self.channels_last[arg], TO_NCHW)
+                elif arg in self.constants:
+                    self.ids[arg] = self.constant(self.constants[arg].detach().float().numpy())
+                else:
                     raise ExportError(f"XnnpackBackend: operand {arg.name} is neither computed nor constant")
-                self.ids[arg] = self.constant(self.constants[arg].detach().float().numpy())
             return self.ids[arg]
         return self.constant(np.array([arg], np.float32))
+
+    def held_nhwc(self, arg: Any) -> bool:
+        return isinstance(arg, torch.fx.Node) and self.stored(arg) in self.channels_last
+
+    def nhwc_value(self, arg: torch.fx.Node) -> int:
+        """The value id of a 4-D operand channels-last (transposed once, for all its NHWC readers)."""
+        node = self.stored(arg)
+        if node not in self.channels_last:
+            self.channels_last[node] = self.transpose(self.value(node), TO_NHWC)
+        return self.channels_last[node]
+
+    def define_nhwc(self, node: torch.fx.Node, out: int) -> None:
+        """`node`'s result is value `out`, channels-last; a returned one is also transposed out."""
+        self.channels_last[node] = out
+        if node in self.output_index:
+            self.transpose(out, TO_NCHW, self.result(node))
 
     def dynamic_quantized(self, src: int) -> int:
         """Convert an fp32 value to qdint8 (int8 with a scale and zero point per row, chosen at run time)."""
@@ -194,10 +225,8 @@ class GraphBuilder:
         return out
 
     def nhwc(self, node: torch.fx.Node, arg: torch.fx.Node, emit: Callable[[int], int]) -> None:
-        """Run `emit(nhwc input id) -> nhwc output id` between NCHW<->NHWC transposes."""
-        src = self.transpose(self.value(arg), TO_NHWC)
-        out_nhwc = emit(src)
-        self.transpose(out_nhwc, TO_NCHW, self.result(node))
+        """Run `emit(nhwc input id) -> nhwc output id` on `arg` channels-last, defining `node` so."""
+        self.define_nhwc(node, emit(self.nhwc_value(arg)))
 
     def finish(self) -> XGraph:
         self.graph.num_externs = self.num_inputs + len(self.output_index)
@@ -235,27 +264,89 @@ def _arg(node: torch.fx.Node, index: int, name: str, default: Any = None) -> Any
 # ---------------------------------------------------------------- emitters
 
 
+def _operands_nhwc(g: GraphBuilder, node: torch.fx.Node, args: tuple) -> Optional[list[int]]:
+    """The value ids of an elementwise node's operands channels-last, when it can run so: it is
+    4-D, reads at least one value held NHWC, and nothing broadcasts but numbers and constants."""
+    dims = _dims(node)
+    if len(dims) != 4 or not any(g.held_nhwc(a) for a in args):
+        return None
+    for a in args:
+        if g.held_nhwc(a):
+            if _dims(a) != dims:
+                return None
+        elif isinstance(a, torch.fx.Node) and not (a in g.constants and g.constants[a].dim() <= 4):
+            return None
+    ids = []
+    for a in args:
+        if g.held_nhwc(a):
+            ids.append(g.nhwc_value(a))
+        elif isinstance(a, torch.fx.Node):  # a constant: made 4-D as torch broadcasts it, then NHWC
+            c = g.constants[a].detach().float().numpy()
+            ids.append(g.constant(c.reshape((1,) * (4 - c.ndim) + c.shape).transpose(TO_NHWC)))
+        else:
+            ids.append(g.value(a))
+    return ids
+
+
+def _elementwise(node: torch.fx.Node, g: GraphBuilder, args: tuple, add: Callable[[list[int], int], None]) -> None:
+    """Emit an elementwise node by `add(operand ids, output id)`: channels-last where its operands
+    are (no transposes between a convolution and the next), else as torch lays them out."""
+    nhwc = _operands_nhwc(g, node, args)
+    if nhwc is None:
+        add([g.value(a) for a in args], g.result(node))
+    else:
+        out = g.temp(_nhwc_out(node), like=node)
+        add(nhwc, out)
+        g.define_nhwc(node, out)
+
+
 def _binary(kind: str):
     def emit(node: torch.fx.Node, g: GraphBuilder) -> None:
-        a, b = g.value(node.args[0]), g.value(node.args[1])
-        g.add(kind, input1_id=a, input2_id=b, output_id=g.result(node))
+        _elementwise(node, g, node.args[:2],
+                     lambda ins, out: g.add(kind, input1_id=ins[0], input2_id=ins[1], output_id=out))
 
     return emit
 
 
 def _unary(kind: str, **fields: Any):
     def emit(node: torch.fx.Node, g: GraphBuilder) -> None:
-        g.add(kind, input_id=g.value(node.args[0]), output_id=g.result(node), **fields)
+        _elementwise(node, g, node.args[:1], lambda ins, out: g.add(kind, input_id=ins[0], output_id=out, **fields))
 
     return emit
+
+
+# Nodes whose output bounds ExecuTorch's runtime applies (XNNPACK's fused activation).
+BOUNDED = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d", "FullyConnected", "Add"}
 
 
 def _clamp(bounds: Callable[[torch.fx.Node], tuple[float, float]]):
     def emit(node: torch.fx.Node, g: GraphBuilder) -> None:
         lo, hi = bounds(node)
-        g.add("Clamp", output_min=lo, output_max=hi, input_id=g.value(node.args[0]), output_id=g.result(node))
+        if not _fold_clamp(node, g, lo, hi):
+            _elementwise(node, g, node.args[:1], lambda ins, out: g.add("Clamp", output_min=lo, output_max=hi,
+                                                                        input_id=ins[0], output_id=out))
 
     return emit
+
+
+def _fold_clamp(node: torch.fx.Node, g: GraphBuilder, lo: float, hi: float) -> bool:
+    """A float relu/hardtanh/clamp whose input only it reads, computed by the node just emitted:
+    that node's output bounds instead (as ExecuTorch's XNNPACK export fuses activations), one
+    node and one pass over the values less."""
+    src, last = node.args[0], g.graph.nodes[-1] if g.graph.nodes else None
+    if (not isinstance(src, torch.fx.Node) or len(src.users) != 1 or src in g.output_index or node in g.static
+            or last is None or last.kind not in BOUNDED):
+        return False
+    nhwc = src in g.channels_last
+    out = g.channels_last[src] if nhwc else g.ids.get(src)
+    if out is None or last.fields["output_id"] != out or (not nhwc and node in g.output_index):
+        return False
+    last.output_min, last.output_max = max(last.output_min, lo), min(last.output_max, hi)
+    if nhwc:
+        g.define_nhwc(node, out)
+    else:
+        g.ids[node] = out
+    return True
 
 
 def _clamp_bounds(node: torch.fx.Node) -> tuple[float, float]:
@@ -264,12 +355,14 @@ def _clamp_bounds(node: torch.fx.Node) -> tuple[float, float]:
 
 
 def _leaky_relu(node: torch.fx.Node, g: GraphBuilder) -> None:
-    g.add("LeakyReLU", negative_slope=float(_arg(node, 1, "negative_slope", 0.01)),
-          input_id=g.value(node.args[0]), output_id=g.result(node))
+    slope = float(_arg(node, 1, "negative_slope", 0.01))
+    _elementwise(node, g, node.args[:1],
+                 lambda ins, out: g.add("LeakyReLU", negative_slope=slope, input_id=ins[0], output_id=out))
 
 
 def _elu(node: torch.fx.Node, g: GraphBuilder) -> None:
-    g.add("ELU", alpha=float(_arg(node, 1, "alpha", 1.0)), input_id=g.value(node.args[0]), output_id=g.result(node))
+    alpha = float(_arg(node, 1, "alpha", 1.0))
+    _elementwise(node, g, node.args[:1], lambda ins, out: g.add("ELU", alpha=alpha, input_id=ins[0], output_id=out))
 
 
 def _matmul(node: torch.fx.Node, g: GraphBuilder, x: torch.fx.Node, w: Any, bias: Any) -> None:
@@ -468,14 +561,20 @@ def _convolution(node: torch.fx.Node, g: GraphBuilder) -> None:
         group_in, group_out = weight.shape[1], weight.shape[0] // groups
     depthwise = group_in == 1 and group_out % group_in == 0 and not transposed
     kind = "DepthwiseConv2d" if depthwise else "ConvTranspose2d" if transposed else "Conv2d"
+    bn = None if static or transposed else _folded_batch_norm(node)
     if static:  # int8 values, one scale per output channel (the last dim of a depthwise filter)
         scales = g.weight_scales(static)
         filt = g.per_channel_filter(_conv_filter(weight, False, depthwise, groups), scales,
                                     channel_dim=3 if depthwise else 0)
         bias_id = g.static_bias(bias, _per_tensor(x, qd.dequantize_per_tensor.default)[0], scales)
     else:
+        bias_values = None if bias is None else g.constants[bias].detach().double()
+        if bn is not None:  # conv then batch norm = one conv: filter rows and bias scaled, bias shifted
+            scale, shift = _batch_norm_affine(bn, g)
+            weight = (torch.from_numpy(weight).double() * scale.reshape(-1, 1, 1, 1)).float().numpy()
+            bias_values = shift if bias_values is None else bias_values * scale + shift
         filt = g.constant(_conv_filter(weight, transposed, depthwise, groups))
-        bias_id = NO_VALUE if bias is None else g.constant(g.constants[bias].detach().float().numpy())
+        bias_id = NO_VALUE if bias_values is None else g.constant(bias_values.float().numpy())
     (sh, sw), (ph, pw), (dh, dw), (ah, aw) = (_pair(v) for v in (stride, padding, dilation, output_padding))
     n, c, h, wd = _dims(node)
 
@@ -489,6 +588,8 @@ def _convolution(node: torch.fx.Node, g: GraphBuilder) -> None:
         return out
 
     g.nhwc(node, x, emit)
+    if bn is not None:
+        g.define_nhwc(next(iter(bn.users)), g.channels_last[node])
 
 
 def _nhwc_out(node: torch.fx.Node) -> list[int]:
@@ -513,22 +614,44 @@ def _max_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
     g.nhwc(item, x, emit)
 
 
-def _batch_norm(node: torch.fx.Node, g: GraphBuilder) -> None:
-    """Inference batch norm with constant statistics: x * scale + shift, per channel."""
-    x, weight, bias, mean, var = node.args[:5]
-    eps = float(node.args[6])
-    (item,) = node.users  # the normalized values (checked: nobody reads the saved statistics)
+def _batch_norm_affine(node: torch.fx.Node, g: GraphBuilder) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inference batch norm with constant statistics as x * scale + shift, per channel (float64)."""
+    weight, bias, mean, var = node.args[1:5]
     const = lambda a: g.constants[a].detach().double()  # noqa: E731
-    scale = 1.0 / torch.sqrt(const(var) + eps)
+    scale = 1.0 / torch.sqrt(const(var) + float(node.args[6]))
     if weight is not None:
         scale = scale * const(weight)
-    shift = -const(mean) * scale + (const(bias) if bias is not None else 0.0)
+    return scale, -const(mean) * scale + (const(bias) if bias is not None else 0.0)
+
+
+def _batch_norm(node: torch.fx.Node, g: GraphBuilder) -> None:
+    (item,) = node.users  # the normalized values (checked: nobody reads the saved statistics)
+    if item in g.channels_last or item in g.ids:
+        return  # folded into the convolution before it
+    scale, shift = _batch_norm_affine(node, g)
+    x = node.args[0]
+    if g.held_nhwc(x) and len(_dims(x)) == 4:  # channels are the last dim: [C] broadcasts
+        scaled = g.temp(_nhwc_out(item))
+        g.add("Multiply", input1_id=g.nhwc_value(x), input2_id=g.constant(scale.float().numpy()), output_id=scaled)
+        out = g.temp(_nhwc_out(item))
+        g.add("Add", input1_id=scaled, input2_id=g.constant(shift.float().numpy()), output_id=out)
+        g.define_nhwc(item, out)
+        return
     per_channel = [-1] + [1] * (len(_dims(x)) - 2)
     scaled = g.temp(_dims(item))
     g.add("Multiply", input1_id=g.value(x), input2_id=g.constant(scale.reshape(per_channel).float().numpy()),
           output_id=scaled)
     g.add("Add", input1_id=scaled, input2_id=g.constant(shift.reshape(per_channel).float().numpy()),
           output_id=g.result(item))
+
+
+def _folded_batch_norm(conv: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The batch norm a float convolution's result goes to and nothing else: folded into its filter."""
+    users = list(conv.users)
+    bn = users[0] if len(users) == 1 else None
+    if bn is None or bn.target is not aten._native_batch_norm_legit_no_training.default or bn.args[0] is not conv:
+        return None
+    return bn
 
 
 def _avg_pool(node: torch.fx.Node, g: GraphBuilder) -> None:
@@ -947,21 +1070,27 @@ def static_results(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, tuple[float,
 def _quantize(node: torch.fx.Node, g: GraphBuilder) -> None:
     """A static int8 quantize: the qint8 result of the op before it, or a Convert of a float value."""
     src = node.args[0]
-    quantized = src in g.static and src in g.ids
+    quantized = src in g.static and (src in g.ids or src in g.channels_last)
+    params = _per_tensor(node, node.target)
     if node in g.output_index:  # another delegate reads the int8 values
-        g.static[node] = _per_tensor(node, node.target)
+        g.static[node] = params
         g.add("Copy" if quantized else "Convert", input_id=g.value(src), output_id=g.result(node), flags=0)
-    elif quantized:
-        g.ids[node] = g.ids[src]
+    elif quantized:  # the same values, in the layouts they are held in
+        for held in (g.ids, g.channels_last):
+            if src in held:
+                held[node] = held[src]
+    elif g.held_nhwc(src) and len(_dims(node)) == 4:
+        g.channels_last[node] = g.quantized_temp(_nhwc_out(node), params)
+        g.add("Convert", input_id=g.nhwc_value(src), output_id=g.channels_last[node], flags=0)
     else:
-        g.ids[node] = g.quantized_temp(_dims(node), _per_tensor(node, node.target))
+        g.ids[node] = g.quantized_temp(_dims(node), params)
         g.add("Convert", input_id=g.value(src), output_id=g.ids[node], flags=0)
 
 
 def _dequantize(node: torch.fx.Node, g: GraphBuilder) -> None:
     """Readers inside the subgraph read the qint8 value itself; a returned one is converted to float."""
     if node in g.output_index:
-        g.add("Convert", input_id=g.ids[node.args[0]], output_id=g.result(node), flags=0)
+        g.add("Convert", input_id=g.value(node.args[0]), output_id=g.result(node), flags=0)
 
 
 # ---------------------------------------------------------------- whole subgraph
