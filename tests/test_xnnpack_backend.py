@@ -65,11 +65,31 @@ if CASES:  # ExecuTorch's conformance corpus
     PROGRAM, FUZZ_CASES = corpus_program, ["xnnpack-linear", "xnnpack-conv_bn_relu_pool",
                                            "quant_xnnpack-small_cnn", "xnnpack-llama_block"]
     CLI_CASE, LINEAR_CASE, MARKS = "quant_xnnpack-mobilenet_v2_tiny", "xnnpack-linear", []
+    CLAMPED_CASE = "quant_xnnpack-mobilenet_v2_tiny"
 else:  # programs ExecuTorch's partitioner writes here, in the reference venv
     PROGRAM, FUZZ_CASES = lowered_program, ["fp16_conv_linear", "static_int8_pool", "dynamic_int8_linear",
                                             "conv_asymmetric"]
     CLI_CASE, LINEAR_CASE, MARKS = "static_int8_pool", "dynamic_int8_linear", [pytest.mark.reference]
+    CLAMPED_CASE = "static_int8_depthwise_hardtanh"
 pytestmark = MARKS
+
+
+def test_a_clamp_after_an_int8_conv_is_the_convs_output_bounds_bit_for_bit(monkeypatch):
+    """backends/xnnpack/fused.py: ExecuTorch's int8 graphs keep each ReLU6 as a Clamp node after
+    its conv. The conv's step clamps in its own requantizing pass instead and the Clamp's step
+    does nothing; the outputs are those of the nodes run one by one (EXECUPY_FUSION=0)."""
+    program = PROGRAM(CLAMPED_CASE)
+    method = Program.load(str(program.pte)).load_method("forward")
+    fused = method.execute(program.inputs)
+    steps = [(kind, step.__name__) for handle in method._delegate_handles.values()
+             for kind, step in zip(handle.node_kinds, handle.steps)]
+    clamps = [name for kind, name in steps if kind == "Clamp"]
+    assert clamps and set(clamps) == {"NOTHING"}, steps
+    monkeypatch.setenv("EXECUPY_FUSION", "0")
+    plain = Program.load(str(program.pte)).load_method("forward").execute(program.inputs)
+    for a, b in zip(fused, plain):
+        np.testing.assert_array_equal(a, b)
+    assert not mismatch(fused[0], program.expected[0], program.atol, program.rtol)
 
 
 def test_execupy_run_cli_runs_an_int8_xnnpack_program_as_executorch_does(tmp_path):

@@ -3,7 +3,8 @@ partitioner leaves as nine nodes for each of q and k (SmolLM2's decode step runs
 delegates per token, each node a numpy call of a microsecond on 9 x 32 floats); and the 4-bit
 products of one input (a layer's q, k and v; its gate and up) as one product over their
 filters side by side, quantizing the input once, the small k and v no longer alone on one core;
-and an RMSNorm's last four nodes (add eps, rsqrt, two multiplies: vmath.rms_tail).
+and an RMSNorm's last four nodes (add eps, rsqrt, two multiplies: vmath.rms_tail); and a
+Clamp as the output bounds of the conv, product or add before it.
 
 `fused_steps(graph, g)` finds the patterns; for each it returns the step of one of its nodes
 (the last, or for sibling products the first, where their input is ready), which does the
@@ -14,7 +15,7 @@ reads a pattern node's inputs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -23,7 +24,7 @@ from ...kernels.fast import compiled_decode, rotate_pairs
 from ...kernels.fast import xnnpack_gemm as XG
 from ...runtime import blas_threads
 from . import vmath
-from .nodes import NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w, reads
+from .nodes import BUILDERS, NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w, reads
 from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
 
 
@@ -224,6 +225,39 @@ def _rms_tail_step(ids: tuple[int, int, int, int], out: int) -> Step:
     return rms_tail_step
 
 
+# Nodes whose steps apply the node's own output bounds (XNNPACK's fused activation).
+BOUNDED = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d", "FullyConnected", "Add", "Subtract", "Multiply"}
+
+
+def _stored_alike(a, b) -> bool:
+    qa, qb = a.quant, b.quant
+    return a.datatype == b.datatype and a.dims == b.dims and (qa is None) == (qb is None) and (
+        qa is None or (qa.kind, qa.scale, qa.zero_point) == (qb.kind, qb.scale, qb.zero_point))
+
+
+def _match_clamp_after(nodes: _Nodes, k: int) -> Optional[int]:
+    """At a Clamp whose input only it reads, made by a node that applies output bounds and stored
+    as the Clamp's output is (ExecuTorch's int8 MobileNet: a Clamp after each of 35 convs): the
+    index of that node, which then writes the Clamp's output, clamped in its own pass."""
+    graph = nodes.graph
+    clamp = graph.nodes[k]
+    src, out = clamp.fields["input_id"], clamp.fields["output_id"]
+    p = nodes.producer.get(src)
+    if p is None or p > k or nodes.readers.get(src) != [k] or graph.values[src].flags & EXTERNAL_OUTPUT:
+        return None
+    if graph.nodes[p].kind not in BOUNDED or not _stored_alike(graph.values[src], graph.values[out]):
+        return None
+    return p
+
+
+def _clamped_step(graph: Graph, g, p: int, k: int) -> Step:
+    """Node p's step with node k's bounds added to its own, writing k's output."""
+    node, clamp = graph.nodes[p], graph.nodes[k]
+    bounded = replace(node, fields={**node.fields, "output_id": clamp.fields["output_id"]},
+                      output_min=max(node.output_min, clamp.output_min), output_max=min(node.output_max, clamp.output_max))
+    return BUILDERS[node.kind](bounded, g)
+
+
 def fused_steps(graph: Graph, g) -> Fused:
     nodes = _Nodes(graph)
     fused = Fused({}, {})
@@ -249,4 +283,8 @@ def fused_steps(graph: Graph, g) -> Fused:
         for j in found:
             fused.steps[j], fused.reads_at[j] = NOTHING, k
         fused.steps[k] = make(ids, out)
+    for k, node in enumerate(graph.nodes):
+        p = _match_clamp_after(nodes, k) if node.kind == "Clamp" else None
+        if p is not None and p not in fused.steps and k not in fused.steps:
+            fused.steps[p], fused.steps[k], fused.reads_at[k] = _clamped_step(graph, g, p, k), NOTHING, p
     return fused

@@ -398,19 +398,39 @@ def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     f = node.fields
     x_val, w_val, out_val = g.values[f["input1_id"]], g.values[f["filter_id"]], g.values[f["output_id"]]
     x_zp = x_val.quant.zero_point
-    wt = np.ascontiguousarray((w.astype(np.float64) - g.filter_zero_point(f["filter_id"])).T)
+    wt = (w.astype(np.float64) - g.filter_zero_point(f["filter_id"])).T  # [in, out]
     bias = g.const(f["bias_id"], "FullyConnected bias").astype(np.float64) if has_bias else 0.0
+    bias = bias - x_zp * wt.sum(axis=0)  # sum (x - zp) * w = sum x * w - zp * sum w
     scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
     lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
                                 node.output_min, node.output_max)
     x_id, out = f["input1_id"], f["output_id"]
+    # XNNPACK's int32 sums, exactly: float32 products over runs of inputs short enough that no
+    # partial sum can pass 2**24, added up in float64 (half the bytes of a float64 filter)
+    runs = [(a, b, np.ascontiguousarray(wt[a:b], F32)) for a, b in _exact_float32_runs(wt, x_val.datatype)]
 
     def step(vals: list) -> None:
-        # float64 holds every int32 accumulator exactly: this is XNNPACK's integer sum.
-        acc = np.matmul(vals[x_id].astype(np.float64) - x_zp, wt) + bias
+        x = vals[x_id].astype(F32)
+        acc = bias + sum(np.matmul(x[..., a:b], part).astype(np.float64) for a, b, part in runs)
         vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
 
     return step
+
+
+def _exact_float32_runs(wt: np.ndarray, x_datatype: str) -> list[tuple[int, int]]:
+    """Split the inputs (rows of the integer filter `wt` [in, out]) into runs over which a float32
+    product with inputs of `x_datatype` is exact: each output's partial sums, in any order, are
+    bounded by its run's sum of |x| * |w|, kept below 2**24."""
+    lo, hi = Q.QRANGE[x_datatype]
+    limit = 2.0 ** 24 / max(abs(lo), abs(hi))
+    runs, a, total = [], 0, np.zeros(wt.shape[1])
+    for k, row in enumerate(np.abs(wt)):
+        if k > a and (total + row).max(initial=0.0) >= limit:
+            runs.append((a, k))
+            a, total = k, np.zeros(wt.shape[1])
+        total += row
+    runs.append((a, wt.shape[0]))
+    return runs
 
 
 def _requant_scale(x_val, w_scales: np.ndarray, out_val) -> np.ndarray:
@@ -611,6 +631,13 @@ def _convolution(node: Node, g) -> Step:
     if x_val.datatype in ("qint8", "quint8"):
         x_zp = x_val.quant.zero_point
         w_shifted = w.astype(np.float64) - g.filter_zero_point(f["filter_id"])
+        cout = w.shape[0]
+        bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else np.zeros(cout)
+        if node.kind == "Conv2d" and not any(p for pair in _conv_geometry(f)[2] for p in pair):
+            # Unpadded, every output sums whole windows of x: sum (x - zp) * w = sum x * w - zp * sum w,
+            # the zero point's part a constant of the bias (one pass over x less: no subtraction)
+            bias = bias - x_zp * w_shifted.reshape(cout, -1).sum(axis=1)
+            x_zp = 0
         # The integer sums XNNPACK computes in int32, exactly: in float32 BLAS where that is
         # exact (twice the speed of float64), else in float64, which holds every int32.
         acc_dtype = F32 if _exact_in_float32(w_shifted, x_val.datatype, x_zp) else np.float64
@@ -618,8 +645,6 @@ def _convolution(node: Node, g) -> Step:
         if conv is None:
             nchw = _conv_nchw(node, w_shifted, acc_dtype)
             conv = lambda x: nchw(x.astype(acc_dtype) - acc_dtype(x_zp))
-        cout = w.shape[0]
-        bias = g.const(b_id, f"{node.kind} bias").astype(np.float64) if has_bias else np.zeros(cout)
         scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
         lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
                                     node.output_min, node.output_max)
