@@ -32,7 +32,6 @@ generated tokens equal to torch eager's (the runner reports text: its text is re
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -50,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import blas_core  # noqa: E402  (bench/, on the path just above)
+from checkout import source_version  # noqa: E402
 
 PROMPT_TEXT = ("The history of computing is a story of people who wanted machines to do arithmetic, "
                "then to remember, then to talk. ")
@@ -121,14 +121,6 @@ def execupy_cli() -> list[str]:
 
 
 # ---------------------------------------------------------------------------- our exports
-
-
-def source_version() -> str:
-    """A hash of execupy's sources: a cached export is reused only by the code that wrote it."""
-    h = hashlib.sha256()
-    for path in sorted((ROOT / "execupy").rglob("*.py")):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
 
 
 def our_export(bench: Bench, name: str, flags: list[str]) -> Path:

@@ -47,6 +47,7 @@ from typing import Callable
 import numpy as np
 
 import blas_core  # bench/, this script's folder
+from checkout import source_version
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_PYTHON = Path(os.environ.get("EXECUPY_REFERENCE_VENV", Path.home() / ".cache/execupy-reference")) \
@@ -245,10 +246,11 @@ def our_programs(name: str, precision: str, work: Path) -> dict[str, Path]:
     import execupy.quantization as our_quantizer
     from execupy.exir import to_edge
 
-    paths = {"execupy": work / f"ours-{name}-{precision}.pte"}
+    version = source_version()  # an export is reused only by the code that wrote it
+    paths = {"execupy": work / f"ours-{name}-{precision}-{version}.pte"}
     lower = our_xnnpack_lowering()
     if lower is not None:
-        paths["execupy xnnpack export"] = work / f"ours-{name}-{precision}-xnnpack.pte"
+        paths["execupy xnnpack export"] = work / f"ours-{name}-{precision}-xnnpack-{version}.pte"
     if all(p.is_file() for p in paths.values()):
         return paths
     model, inputs = model_and_inputs(name)
