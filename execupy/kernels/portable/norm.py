@@ -44,9 +44,20 @@ def native_layer_norm(x: np.ndarray, normalized_shape: Sequence[int], weight: Op
         raise ValueError(f"layer_norm: normalized_shape {tuple(normalized_shape)} does not end input shape {x.shape}")
     dtype = compute_dtype(x.dtype)
     xs = _float(x, dtype)
+    axes = tuple(range(x.ndim - k, x.ndim))
     with np.errstate(all="ignore"):
-        mean, rstd = _moments(xs, tuple(range(x.ndim - k, x.ndim)), eps)
-        y = _affine((xs - mean) * rstd, _float(weight, dtype), _float(bias, dtype))
+        # _moments' and _affine's arithmetic, with x - mean computed once and the result
+        # written in place (a BERT layer's norm: 7 passes over the values instead of 11)
+        mean = np.mean(xs, axis=axes, keepdims=True)
+        centered = xs - mean
+        rstd = 1.0 / np.sqrt(np.mean(np.square(centered), axis=axes, keepdims=True) + dtype.type(eps))
+        y = out if out.shape == x.shape and out.dtype == dtype else centered
+        np.multiply(centered, rstd, out=y)
+        w, b = _float(weight, dtype), _float(bias, dtype)
+        if w is not None:
+            np.multiply(y, w, out=y)
+        if b is not None:
+            np.add(y, b, out=y)
     # mean/rstd keep the normalized dims as size 1: shape (*batch, 1, ..., 1).
     return write(out, y), write(mean_out, mean), write(rstd_out, rstd)
 
