@@ -93,7 +93,10 @@ class GraphBuilder:
 
     def value(self, arg: Any) -> int:
         """The value id of an operand as torch lays it out: a runtime value, a constant or a number."""
-        arg = self.stored(arg)
+        src = self.stored(arg)
+        if src is not arg and src not in self.ids and src not in self.channels_last:
+            raise ExportError(f"XnnpackBackend: {arg.name} dequantizes {src.name}, which is not a computed int8 value")
+        arg = src
         if isinstance(arg, torch.fx.Node):
             if arg not in self.ids:
                 if arg in self.channels_last:
@@ -315,8 +318,9 @@ def _unary(kind: str, **fields: Any):
     return emit
 
 
-# Nodes whose output bounds ExecuTorch's runtime applies (XNNPACK's fused activation).
-BOUNDED = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d", "FullyConnected", "Add"}
+# Nodes an activation is folded into, as their output bounds (those ExecuTorch's export fuses
+# into; XNNPACK applies them).
+ACTIVATION_HOSTS = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d", "FullyConnected", "Add"}
 
 
 def _clamp(bounds: Callable[[torch.fx.Node], tuple[float, float]]):
@@ -335,7 +339,7 @@ def _fold_clamp(node: torch.fx.Node, g: GraphBuilder, lo: float, hi: float) -> b
     node and one pass over the values less."""
     src, last = node.args[0], g.graph.nodes[-1] if g.graph.nodes else None
     if (not isinstance(src, torch.fx.Node) or len(src.users) != 1 or src in g.output_index or node in g.static
-            or last is None or last.kind not in BOUNDED):
+            or last is None or last.kind not in ACTIVATION_HOSTS):
         return False
     nhwc = src in g.channels_last
     out = g.channels_last[src] if nhwc else g.ids.get(src)
