@@ -229,13 +229,7 @@ def _rms_tail_step(ids: tuple[int, int, int, int], out: int) -> Step:
 BOUNDED = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d", "FullyConnected", "Add", "Subtract", "Multiply"}
 
 
-def _stored_alike(a, b) -> bool:
-    qa, qb = a.quant, b.quant
-    return a.datatype == b.datatype and a.dims == b.dims and (qa is None) == (qb is None) and (
-        qa is None or (qa.kind, qa.scale, qa.zero_point) == (qb.kind, qb.scale, qb.zero_point))
-
-
-def _match_clamp_after(nodes: _Nodes, k: int) -> Optional[int]:
+def _match_clamp_after(nodes: _Nodes, g, k: int) -> Optional[int]:
     """At a Clamp whose input only it reads, made by a node that applies output bounds and stored
     as the Clamp's output is (ExecuTorch's int8 MobileNet: a Clamp after each of 35 convs): the
     index of that node, which then writes the Clamp's output, clamped in its own pass."""
@@ -245,7 +239,7 @@ def _match_clamp_after(nodes: _Nodes, k: int) -> Optional[int]:
     p = nodes.producer.get(src)
     if p is None or p > k or nodes.readers.get(src) != [k] or graph.values[src].flags & EXTERNAL_OUTPUT:
         return None
-    if graph.nodes[p].kind not in BOUNDED or not _stored_alike(graph.values[src], graph.values[out]):
+    if graph.nodes[p].kind not in BOUNDED or not g.stored_alike(src, out):
         return None
     return p
 
@@ -284,7 +278,7 @@ def fused_steps(graph: Graph, g) -> Fused:
             fused.steps[j], fused.reads_at[j] = NOTHING, k
         fused.steps[k] = make(ids, out)
     for k, node in enumerate(graph.nodes):
-        p = _match_clamp_after(nodes, k) if node.kind == "Clamp" else None
+        p = _match_clamp_after(nodes, g, k) if node.kind == "Clamp" else None
         if p is not None and p not in fused.steps and k not in fused.steps:
             fused.steps[p], fused.steps[k], fused.reads_at[k] = _clamped_step(graph, g, p, k), NOTHING, p
     return fused
