@@ -20,18 +20,21 @@ def _float(x: Optional[np.ndarray], dtype: np.dtype) -> Optional[np.ndarray]:
     return x if x.dtype == dtype else x.astype(dtype)
 
 
-def _moments(x: np.ndarray, axes: tuple[int, ...], eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, rstd) over `axes` with keepdims; rstd = 1 / sqrt(biased var + eps)."""
+def _moments(x: np.ndarray, axes: tuple[int, ...], eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, rstd, x - mean) over `axes` with keepdims; rstd = 1 / sqrt(biased var + eps). The
+    centered values are the caller's to normalize (computed once, not again)."""
     mean = np.mean(x, axis=axes, keepdims=True)
-    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
-    return mean, 1.0 / np.sqrt(var + x.dtype.type(eps))
+    centered = x - mean
+    var = np.mean(np.square(centered), axis=axes, keepdims=True)
+    return mean, 1.0 / np.sqrt(var + x.dtype.type(eps)), centered
 
 
 def _affine(y: np.ndarray, weight, bias) -> np.ndarray:
+    """y * weight + bias, in place: y is the caller's temporary, already of the result's shape."""
     if weight is not None:
-        y = y * weight
+        np.multiply(y, weight, out=y)
     if bias is not None:
-        y = y + bias
+        np.add(y, bias, out=y)
     return y
 
 
@@ -46,18 +49,11 @@ def native_layer_norm(x: np.ndarray, normalized_shape: Sequence[int], weight: Op
     xs = _float(x, dtype)
     axes = tuple(range(x.ndim - k, x.ndim))
     with np.errstate(all="ignore"):
-        # _moments' and _affine's arithmetic, with x - mean computed once and the result
-        # written in place (a BERT layer's norm: 7 passes over the values instead of 11)
-        mean = np.mean(xs, axis=axes, keepdims=True)
-        centered = xs - mean
-        rstd = 1.0 / np.sqrt(np.mean(np.square(centered), axis=axes, keepdims=True) + dtype.type(eps))
+        mean, rstd, centered = _moments(xs, axes, eps)
+        # normalized straight into the output where it can hold the result (a BERT layer's norm:
+        # 7 passes over the values instead of 11)
         y = out if out.shape == x.shape and out.dtype == dtype else centered
-        np.multiply(centered, rstd, out=y)
-        w, b = _float(weight, dtype), _float(bias, dtype)
-        if w is not None:
-            np.multiply(y, w, out=y)
-        if b is not None:
-            np.add(y, b, out=y)
+        y = _affine(np.multiply(centered, rstd, out=y), _float(weight, dtype), _float(bias, dtype))
     # mean/rstd keep the normalized dims as size 1: shape (*batch, 1, ..., 1).
     return write(out, y), write(mean_out, mean), write(rstd_out, rstd)
 
@@ -115,10 +111,10 @@ def batch_norm_no_stats(x: np.ndarray, weight: Optional[np.ndarray], bias: Optio
     shape = _channel_shape(x)
     xs = _float(x, dtype)
     with np.errstate(all="ignore"):
-        mean, rstd = _moments(xs, (0,) + tuple(range(2, x.ndim)), eps)
+        mean, rstd, centered = _moments(xs, (0,) + tuple(range(2, x.ndim)), eps)
         w = None if weight is None else _float(weight, dtype).reshape(shape)
         b = None if bias is None else _float(bias, dtype).reshape(shape)
-        y = _affine((xs - mean) * rstd, w, b)
+        y = _affine(np.multiply(centered, rstd, out=centered), w, b)
     channels = x.shape[1]
     return write(out, y), write(mean_out, mean.reshape(channels)), write(rstd_out, rstd.reshape(channels))
 
@@ -135,8 +131,8 @@ def native_group_norm(x: np.ndarray, weight: Optional[np.ndarray], bias: Optiona
     dtype = compute_dtype(x.dtype)
     grouped = _float(x, dtype).reshape(N, group, (C // group) * HxW)
     with np.errstate(all="ignore"):
-        mean, rstd = _moments(grouped, (2,), eps)
-        y = ((grouped - mean) * rstd).reshape(N, C, HxW)
+        mean, rstd, centered = _moments(grouped, (2,), eps)
+        y = np.multiply(centered, rstd, out=centered).reshape(N, C, HxW)
         w = None if weight is None else _float(weight, dtype).reshape(1, C, 1)
         b = None if bias is None else _float(bias, dtype).reshape(1, C, 1)
         y = _affine(y, w, b).reshape(x.shape)
