@@ -417,15 +417,19 @@ def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     return step
 
 
-def _exact_float32_runs(wt: np.ndarray, x_datatype: str) -> list[tuple[int, int]]:
-    """Split the inputs (rows of the integer filter `wt` [in, out]) into runs over which a float32
-    product with inputs of `x_datatype` is exact: each output's partial sums, in any order, are
-    bounded by its run's sum of |x| * |w|, kept below 2**24."""
+def _exact_float32_runs(wt: np.ndarray, x_datatype: str, x_zero: int = 0) -> list[tuple[int, int]]:
+    """Split the inputs (rows of the zero-point-free integer filter `wt` [in, out]) into runs over
+    which a float32 product with x - x_zero (x of `x_datatype`) is exact: each output's partial
+    sums, in whatever order BLAS adds, are bounded by its run's sum of |x - x_zero| * |w|, and
+    float32 holds every integer below 2**24."""
     lo, hi = Q.QRANGE[x_datatype]
-    limit = 2.0 ** 24 / max(abs(lo), abs(hi))
+    x_max = max(abs(lo - x_zero), abs(hi - x_zero))
+    magnitudes = np.abs(wt)
+    if float(magnitudes.sum(axis=0).max(initial=0.0)) * x_max < 2.0 ** 24:
+        return [(0, wt.shape[0])]  # the usual case: one product
     runs, a, total = [], 0, np.zeros(wt.shape[1])
-    for k, row in enumerate(np.abs(wt)):
-        if k > a and (total + row).max(initial=0.0) >= limit:
+    for k, row in enumerate(magnitudes):
+        if k > a and float((total + row).max(initial=0.0)) * x_max >= 2.0 ** 24:
             runs.append((a, k))
             a, total = k, np.zeros(wt.shape[1])
         total += row
@@ -613,13 +617,8 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype,
 
 
 def _exact_in_float32(w_shifted: np.ndarray, x_datatype: str, x_zero: int) -> bool:
-    """Whether a float32 product of (x - x_zero) and the zero-point-free integer filter is
-    exact: every partial sum, in whatever order BLAS adds, is bounded by the sum of the
-    absolute terms, and float32 holds every integer below 2**24."""
-    lo, hi = Q.QRANGE[x_datatype]
-    x_max = max(abs(lo - x_zero), abs(hi - x_zero))
-    per_output = np.abs(w_shifted.reshape(w_shifted.shape[0], -1)).sum(axis=1)
-    return float(per_output.max(initial=0.0)) * x_max < 2.0 ** 24
+    """Whether one float32 product of x - x_zero and the integer conv filter (out first) is exact."""
+    return len(_exact_float32_runs(w_shifted.reshape(w_shifted.shape[0], -1).T, x_datatype, x_zero)) == 1
 
 
 def _convolution(node: Node, g) -> Step:
