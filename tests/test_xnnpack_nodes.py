@@ -100,6 +100,9 @@ CASES = {
                                        nodes=["FullyConnected"], datatypes=["qdint8", "qcint8"], exact=True),
     "sigmoid_rsqrt": dict(model="Fn(lambda x: torch.sigmoid(x) * torch.rsqrt(x.abs() + 1e-3))",
                           inputs="(torch.randn(64, 97) * 6,)", nodes=["Sigmoid", "ReciprocalSquareRoot"], exact=True),
+    # GELU's rational interpolant, on both sides of its clamp at +-5.16 and on its tails
+    "gelu": dict(model="nn.GELU()", inputs="(torch.cat([torch.randn(64, 97) * 3, torch.linspace(-9, 9, 97)[None]]),)",
+                 nodes=["Gelu"], exact=True),
     "int8_int4_group32": dict(model="nn.Sequential(nn.Linear(64, 24, bias=False))",
                               inputs="(torch.randn(2, 3, 64),)", quant="int4:32", nodes=["FullyConnected"],
                               datatypes=["qdint8", "qbint4"]),

@@ -207,12 +207,13 @@ def _every_kind_of_float32(rng) -> np.ndarray:
                            np.array(specials, np.float32), bits])
 
 
-def test_compiled_sigmoid_and_rsqrt_equal_their_numpy_steps():
+def test_compiled_sigmoid_gelu_and_rsqrt_equal_their_numpy_steps():
     from execupy.backends.xnnpack import vmath
 
     x = _every_kind_of_float32(np.random.default_rng(3))
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(vmath.sigmoid(x.reshape(5, -1)), vmath._sigmoid(x).reshape(5, -1))
+        np.testing.assert_array_equal(vmath.gelu(x.reshape(5, -1)), vmath._gelu(x).reshape(5, -1))
     if vmath._RSQRT is not None:  # a CPU with AVX-512F: XNNPACK's estimate, then its Newton step
         a = np.concatenate([np.abs(x), x]).reshape(2, 1, -1)
         np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, vmath._RSQRT14(a.reshape(-1)).reshape(a.shape)))

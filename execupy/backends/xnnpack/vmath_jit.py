@@ -1,6 +1,7 @@
-"""The AVX-512 kernels of vmath.py's rsqrt, alone and closing an RMSNorm (imported only where numba is installed and the CPU
-has AVX-512F): module-level functions, which numba's disk cache finds in the next process (as
-closures they were compiled again in every process, 0.4 s in the first forward call)."""
+"""Compiled kernels of vmath.py (imported only where numba is installed): its GELU, and the
+AVX-512 rsqrt, alone and closing an RMSNorm (called only where the CPU has AVX-512F). They are
+module-level functions, which numba's disk cache finds in the next process (as closures they
+were compiled again in every process, 0.4 s in the first forward call)."""
 from __future__ import annotations
 
 import numba
@@ -10,6 +11,36 @@ from numba import types
 from numba.extending import intrinsic
 
 from ...kernels.fast import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .vmath import GELU_BOUND, GELU_DENOMINATOR, GELU_NUMERATOR
+
+_A11, _A9, _A7, _A5, _A3, _A1 = GELU_NUMERATOR
+_B10, _B8, _B6, _B4, _B2, _B0 = GELU_DENOMINATOR
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    # a * b + c rounded once in float32 (llvm.fma: the CPU's vfmadd where it has FMA, vectorised)
+    if not (a == b == c == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fma(*args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@numba.njit(cache=True, error_model="numpy")
+def gelu_into(x, out):
+    # vmath._gelu element by element, each operation in float32 as there
+    f32, bound = np.float32, GELU_BOUND
+    for i in range(x.size):
+        v = x[i]
+        c = bound if v > bound else (-bound if v < -bound else v)  # NaN stays NaN
+        c2 = f32(c * c)
+        p = _fma(c2, _fma(c2, _fma(c2, _fma(c2, _A11, _A9), _A7), _A5), _A3)
+        q = _fma(c2, _fma(c2, _fma(c2, _fma(c2, _B10, _B8), _B6), _B4), _B2)
+        p, q = _fma(c2, p, _A1), _fma(c2, q, _B0)
+        out[i] = f32(f32(v * f32(0.5)) * f32(f32(f32(c * p) / q) + f32(1)))
 
 
 @intrinsic
