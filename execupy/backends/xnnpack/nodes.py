@@ -141,8 +141,13 @@ def _layout(make: Callable[[Node, object], Callable[[np.ndarray], np.ndarray]]):
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    return get_kernel("aten::_softmax.out")(x, -1, False, np.empty_like(x))  # along the last axis, as XNNPACK's
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.float32:
+        return vmath.gelu(x)
+    return get_kernel("aten::gelu.out")(x, "none", np.empty_like(x))  # fp16: the exact GELU, rounded once
 
 
 def _prelu(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
@@ -745,7 +750,7 @@ BUILDERS: dict[str, Callable[[Node, object], Step]] = {
     "ReciprocalSquareRoot": _unary(vmath.rsqrt),
     "Floor": _unary(np.floor),
     "Ceiling": _unary(np.ceil),
-    "Gelu": _unary(lambda x: get_kernel("aten::gelu.out")(x, "none", np.empty_like(x))),
+    "Gelu": _unary(_gelu),
     "Hardswish": _unary(_kernel("hardswish")),
     "Copy": _unary(lambda x: x.copy()),
     "Clamp": _int8_table(_with_fields(_clamp_only)),

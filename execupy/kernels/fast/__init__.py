@@ -50,6 +50,23 @@ def compiled_decode():
     return decode_jit
 
 
+ROWS_WORTH_NUMBA = 8192  # elements from which a norm or softmax loads numba for its compiled rows
+
+
+def compiled_rows(size: int):
+    """kernels/fast/rows_jit (layer norm and softmax rows with numpy's bits) for a tensor of `size`
+    elements, else None: where numba is loaded already, or is allowed and installed and the tensor
+    is large enough (an encoder's 128 x 256 norm gains ~100 us a call; a classifier's softmax over
+    ten scores would not repay numba's 0.3 s and ~100 MiB)."""
+    from .elementwise import numba_enabled, numba_loaded
+
+    if not (numba_loaded() or (size >= ROWS_WORTH_NUMBA and numba_enabled())):
+        return None
+    from . import rows_jit
+
+    return rows_jit
+
+
 def rope_swapped(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """x*cos + cat([x[..., D/2:], x[..., :D/2]], -1)*sin, as mul, cat, mul, add compute it
     (the tables are (cos, cos) and (-sin, sin): docs/llm-graph.md)."""
