@@ -7,7 +7,7 @@ it takes. The rule (docs/fusion.md says the same for users):
 
 1. **Views are not copies.** A view op (`view_copy`, `et_view`, `unsqueeze_copy`,
    `squeeze_copy`, `permute_copy`, `transpose_copy`, `slice_copy`, `select_copy`,
-   `alias_copy`) whose result only feeds kernels is not executed: each consumer reads a
+   `alias_copy`, `expand_copy`) whose result only feeds kernels is not executed: each consumer reads a
    numpy view of the view op's source instead (`Alias`), made contiguous as the copy
    would have been (free for a reshape; a permuted or sliced activation is copied inside
    the consumer's step, so BLAS sees the same layout and rounds the same). Steps whose bits
@@ -73,7 +73,7 @@ import numpy as np
 from ..kernels.fast import compiled_decode
 from ..kernels.portable._util import norm_dim, same_view
 from ..kernels.portable.reduce import SIDE_BY_SIDE_ROWS
-from ..kernels.portable.shape import clamp_slice, slice_index, wrap_index
+from ..kernels.portable.shape import clamp_slice, expanded, slice_index, wrap_index
 from ..schema import program as P
 from . import blas_threads
 from .chains import bind_chain, find_chains
@@ -322,6 +322,9 @@ VIEW_OPS: dict[str, Callable[..., np.ndarray]] = {
     "aten::slice_copy.Tensor_out": _slice,
     "aten::select_copy.int_out": _select,
     "aten::alias_copy.out": lambda x: x,
+    # a broadcast is copied where it is read (contiguous); to its own shape (a decomposed bmm's
+    # operands: 16 in a BERT-like encoder) it is the source itself, no copy at all
+    "aten::expand_copy.out": expanded,
 }
 
 

@@ -71,6 +71,11 @@ def view_copy(x: np.ndarray, size: Sequence[int], out: np.ndarray) -> np.ndarray
 @register_kernel("aten::expand_copy.out")
 def expand_copy(x: np.ndarray, size: Sequence[int], implicit: bool = False, out: np.ndarray = None) -> np.ndarray:
     same_dtype(x, out, "expand_copy")
+    return write(out, expanded(x, size))
+
+
+def expanded(x: np.ndarray, size: Sequence[int], implicit: bool = False) -> np.ndarray:
+    """x broadcast to `size` (-1 keeps an input dim's size), a read-only view."""
     lead = len(size) - x.ndim
     if lead < 0:
         raise ValueError(f"expand_copy: size {tuple(size)} has fewer dims than the input {x.shape}")
@@ -83,7 +88,7 @@ def expand_copy(x: np.ndarray, size: Sequence[int], implicit: bool = False, out:
             s = x.shape[i - lead]
         shape.append(int(s))
     # Sizes come from the program: validate before materializing the broadcast.
-    return write(out, np.broadcast_to(x, check_created(shape)))
+    return np.broadcast_to(x, check_created(shape))
 
 
 @register_kernel("aten::squeeze_copy.dims_out")
