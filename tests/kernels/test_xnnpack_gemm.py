@@ -187,8 +187,9 @@ def test_quantize_rows_numba_equals_numpy():
     rng = np.random.default_rng(5)
     rows = np.concatenate([rng.standard_normal((3, 96)) * 3, np.zeros((1, 96)), -rng.random((1, 96)),
                            rng.random((1, 96)), ((np.arange(96) % 255 - 127) / 127.5)[None],
-                           np.eye(1, 96) * 50]).astype(np.float32)
-    ours = XG.NUMBA["quantize_rows"](rows)
+                           np.eye(1, 96) * 50, -np.zeros((1, 96)), np.where(np.arange(96) % 3, 0.5, -0.0)[None],
+                           -np.abs(rng.standard_normal((1, 96))), np.abs(rng.standard_normal((1, 96)))]).astype(np.float32)
+    ours = XG.NUMBA["quantize_rows"](rows)  # its min and max over integer keys: -0.0 counts as 0.0
     reference = XG.NUMPY["quantize_rows"](rows)
     for a, b in zip(ours, reference):
         assert a.dtype == b.dtype and a.shape == b.shape

@@ -10,6 +10,9 @@ ones, always available and the reference the compiled ones are tested against.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
 from ..portable.reduce import row_sums
@@ -57,10 +60,16 @@ def compiled_rows(size: int):
     """kernels/fast/rows_jit (layer norm and softmax rows with numpy's bits) for a tensor of `size`
     elements, else None: where numba is loaded already, or is allowed and installed and the tensor
     is large enough (an encoder's 128 x 256 norm gains ~100 us a call; a classifier's softmax over
-    ten scores would not repay numba's 0.3 s and ~100 MiB)."""
-    from .elementwise import numba_enabled, numba_loaded
+    ten scores would not repay numba's 0.3 s and ~100 MiB). Asked at every call of the kernel:
+    the loaded case costs two dict lookups (find_spec cost 11 us)."""
+    if os.environ.get("EXECUPY_NUMBA", "1") == "0":
+        return None
+    rows = sys.modules.get(__name__ + ".rows_jit")
+    if rows is not None:
+        return rows
+    from .elementwise import numba_enabled
 
-    if not (numba_loaded() or (size >= ROWS_WORTH_NUMBA and numba_enabled())):
+    if "numba" not in sys.modules and not (size >= ROWS_WORTH_NUMBA and numba_enabled()):
         return None
     from . import rows_jit
 

@@ -6,6 +6,7 @@ computed in float32 for half inputs (float64 stays float64).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -68,7 +69,7 @@ def _compiled_layer_norm(x: np.ndarray, k: int, weight: Optional[np.ndarray], bi
     """The float32 layer norm compiled (kernels/fast/rows_jit.py: numpy's bits, 3 passes instead of 7),
     where numba is and the tensors are plain C-ordered float32 of the expected shapes."""
     compiled = compiled_rows(x.size)
-    n = int(np.prod(x.shape[x.ndim - k:]))
+    n = math.prod(x.shape[x.ndim - k:])
     plain = [a for a in (x, out, weight, bias) if a is not None]
     if (compiled is None or n == 0 or out.shape != x.shape
             or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in plain)
