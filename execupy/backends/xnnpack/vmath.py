@@ -11,6 +11,7 @@ its fused multiply-adds are computed in float64 (exact product) and rounded once
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -37,15 +38,20 @@ def _fma(a, b, c) -> np.ndarray:
     return (np.asarray(a, F64) * np.asarray(b, F64) + np.asarray(c, F64)).astype(F32)
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
+def _elementwise(compiled: Optional[Callable], steps: Callable[[np.ndarray], np.ndarray], x) -> np.ndarray:
+    """steps(x) on float32 x: through `compiled(flat x, flat out)` where numba is, else in numpy."""
     x = np.asarray(x, F32)
-    if _SIGMOID is not None and x.ndim:
+    if compiled is not None and x.ndim:
         x = np.ascontiguousarray(x)
         out = np.empty_like(x)
-        _SIGMOID(x.reshape(-1), out.reshape(-1))
+        compiled(x.reshape(-1), out.reshape(-1))
         return out
     with np.errstate(all="ignore"):
-        return _sigmoid(x)
+        return steps(x)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return _elementwise(_SIGMOID, _sigmoid, x)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -124,14 +130,7 @@ GELU_DENOMINATOR = tuple(F32(c) for c in (1.1988805682e-06, 7.2267655923e-05, 1.
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """XNNPACK's float32 GELU of x (any shape), compiled where numba is, else in numpy."""
-    x = np.asarray(x, F32)
-    if _GELU is not None and x.ndim:
-        x = np.ascontiguousarray(x)
-        out = np.empty_like(x)
-        _GELU(x.reshape(-1), out.reshape(-1))
-        return out
-    with np.errstate(all="ignore"):
-        return _gelu(x)
+    return _elementwise(_GELU, _gelu, x)
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
