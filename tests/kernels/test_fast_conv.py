@@ -14,8 +14,9 @@ from execupy.kernels.portable.conv import convolution
 
 pytestmark = pytest.mark.skipif(FC.NUMBA is None, reason="numba (the `fast` extra) is not installed")
 
-SHAPES = [  # channels, size, stride, dilation, kernel, padding
-    (48, 20, 1, 1, 3, 1), (24, 17, 2, 1, 3, 1), (7, 11, 2, 2, 5, 3), (16, 6, 1, 1, 1, 0), (5, 9, 3, 1, 3, 0)]
+SHAPES = [  # channels, size, stride, dilation, kernel, padding (3x3 with 32 channels or more: pixel by pixel)
+    (48, 20, 1, 1, 3, 1), (24, 17, 2, 1, 3, 1), (7, 11, 2, 2, 5, 3), (16, 6, 1, 1, 1, 0), (5, 9, 3, 1, 3, 0),
+    (64, 9, 2, 1, 3, 1), (40, 10, 1, 2, 3, 2), (32, 7, 2, 1, 3, 0), (96, 5, 3, 1, 3, 1)]
 
 
 def _out_size(size: int, k: int, s: int, d: int, p: int) -> int:
@@ -207,6 +208,8 @@ FC.NUMBA["requantize"](np.ones((2, 3), np.int32), np.zeros(3, np.float32), np.on
 FC.NUMBA["depthwise_nhwc"](x.transpose(0, 2, 3, 1).copy(), np.ones((3, 3, 2), np.float32), (2, 2), (1, 1), (1, 1, 1, 1),
                            0, np.empty((1, 3, 3, 2), np.float32))  # strided: its input split by column phase
 FC.NUMBA["bias_clamp"](np.ones((4, 3), np.float32), np.ones(3, np.float32), 0.0, 6.0)
+FC.NUMBA["depthwise_nhwc"](np.ones((1, 5, 5, 32), np.float32), np.ones((3, 3, 32), np.float32), (1, 1), (1, 1),
+                           (1, 1, 1, 1), 0, np.empty((1, 5, 5, 32), np.float32))  # 32 channels: pixel by pixel
 FC.NUMBA["pad_into"](np.ones((1, 2, 2, 3), np.float32), 0, 1, 1, np.zeros((1, 4, 4, 3), np.float32))
 """
 
@@ -217,6 +220,6 @@ def test_a_second_process_finds_every_conv_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"nchw", "split_columns", "nhwc", "bias_clamp_flat", "pad_into", "requantize_rows"}
+    assert set(first) == {"nchw", "split_columns", "nhwc", "nhwc_3x3", "bias_clamp_flat", "pad_into", "requantize_rows"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

@@ -153,6 +153,54 @@ def nhwc(xs, tiled, bias_row, clamp, width, sh, sw, dh, dw, top, left, zero, lo,
                 epilogue(o, bias_row, clamp, lo, hi)
 
 
+@numba.njit(cache=True, error_model="numpy")
+def nhwc_3x3(x, w, bias, clamp, sh, sw, dh, dw, top, left, lo, hi, out):
+    """A 3x3 depthwise conv of float `x` (N, H, W, C) into `out` (N, OH, OW, C), w (3, 3, C), then
+    + bias when `bias` is not empty and clamped to [lo, hi] if `clamp`, pixel by pixel: each
+    channel's nine products and the epilogue in registers, one store (`nhwc` goes tap by tap
+    through the output row, a load and a store per tap, and splits a strided input by column
+    phase first). The same operations in the same order as `nhwc`: the first tap's product,
+    the others added in tap order, a tap outside the input adding 0 * w. Wide layers only
+    (the caller's choice): for 16 channels the per-pixel loop is too short and `nhwc` wins."""
+    n_, h, width, c = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    zeros = np.zeros(c, out.dtype)
+    has_bias = bias.shape[0] > 0
+    for n in range(n_):
+        for y in range(oh):
+            r0 = y * sh - top
+            in0, in1, in2 = 0 <= r0 < h, 0 <= r0 + dh < h, 0 <= r0 + 2 * dh < h
+            for px in range(ow):
+                c0 = px * sw - left
+                ok0, ok1, ok2 = 0 <= c0 < width, 0 <= c0 + dw < width, 0 <= c0 + 2 * dw < width
+                t0 = x[n, r0, c0] if in0 and ok0 else zeros
+                t1 = x[n, r0, c0 + dw] if in0 and ok1 else zeros
+                t2 = x[n, r0, c0 + 2 * dw] if in0 and ok2 else zeros
+                t3 = x[n, r0 + dh, c0] if in1 and ok0 else zeros
+                t4 = x[n, r0 + dh, c0 + dw] if in1 and ok1 else zeros
+                t5 = x[n, r0 + dh, c0 + 2 * dw] if in1 and ok2 else zeros
+                t6 = x[n, r0 + 2 * dh, c0] if in2 and ok0 else zeros
+                t7 = x[n, r0 + 2 * dh, c0 + dw] if in2 and ok1 else zeros
+                t8 = x[n, r0 + 2 * dh, c0 + 2 * dw] if in2 and ok2 else zeros
+                o = out[n, y, px]
+                for ch in range(c):
+                    acc = t0[ch] * w[0, 0, ch]
+                    acc = acc + t1[ch] * w[0, 1, ch]
+                    acc = acc + t2[ch] * w[0, 2, ch]
+                    acc = acc + t3[ch] * w[1, 0, ch]
+                    acc = acc + t4[ch] * w[1, 1, ch]
+                    acc = acc + t5[ch] * w[1, 2, ch]
+                    acc = acc + t6[ch] * w[2, 0, ch]
+                    acc = acc + t7[ch] * w[2, 1, ch]
+                    acc = acc + t8[ch] * w[2, 2, ch]
+                    if has_bias:
+                        acc = acc + bias[ch]
+                    if clamp:
+                        acc = lo if acc < lo else acc
+                        acc = hi if acc > hi else acc
+                    o[ch] = acc
+
+
 @numba.njit(cache=True)
 def requantize_rows(acc, bias, scale, zero, lo, hi, out):
     for r in range(acc.shape[0]):
@@ -163,6 +211,7 @@ def requantize_rows(acc, bias, scale, zero, lo, hi, out):
 
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats).
-KERNELS = {"nchw": nchw, "split_columns": split_columns, "nhwc": nhwc, "bias_clamp_flat": bias_clamp_flat,
+KERNELS = {"nchw": nchw, "split_columns": split_columns, "nhwc": nhwc, "nhwc_3x3": nhwc_3x3,
+           "bias_clamp_flat": bias_clamp_flat,
            "pad_into": pad_into,
            "requantize_rows": requantize_rows}
