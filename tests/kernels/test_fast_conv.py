@@ -128,13 +128,15 @@ def test_pad_into_numba_equals_numpy(dtype, zero, layout):
 
 @pytest.mark.parametrize("c, size, s, d, k, p", SHAPES)
 @pytest.mark.parametrize("storage, zero", [(np.int8, -5), (np.uint8, 128)])
-def test_depthwise_nhwc_int8_numba_equals_numpy(c, size, s, d, k, p, storage, zero):
+@pytest.mark.parametrize("acc", [np.int32, np.float32])  # float32 where it holds every sum exactly (XNNPACK's node)
+def test_depthwise_nhwc_int8_numba_equals_numpy(c, size, s, d, k, p, storage, zero, acc):
     rng = np.random.default_rng(c * k + size)
     info = np.iinfo(storage)
     x = rng.integers(info.min, info.max + 1, (1, size, size, c)).astype(storage)
     w = rng.integers(-127, 128, (k, k, c)).astype(np.int32)
     o = _out_size(size, k, s, d, p)
-    ours, reference = _run("depthwise_nhwc", (x, w, (s, s), (d, d), (p, p, p, p), zero), np.empty((1, o, o, c), np.int32))
+    w = w.astype(acc)
+    ours, reference = _run("depthwise_nhwc", (x, w, (s, s), (d, d), (p, p, p, p), zero), np.empty((1, o, o, c), acc))
     np.testing.assert_array_equal(ours, reference)
     # and it is the integer convolution itself (int64, no rounding anywhere)
     xp = np.pad(x.astype(np.int64) - zero, ((0, 0), (p, p), (p, p), (0, 0)))

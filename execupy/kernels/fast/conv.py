@@ -22,8 +22,8 @@ Two layouts:
   NaN), each output row while it is still in cache.
   The compiled kernel runs each (output row, tap) as one loop over the row against the
   tap's weights tiled across it; a strided conv first splits the input's columns by phase
-  so that those loops read contiguous runs. A float 3x3 layer of 32 channels or more runs
-  pixel by pixel instead (`nhwc_3x3`: the nine products and the epilogue of each channel in
+  so that those loops read contiguous runs. A 3x3 layer of 32 channels or more summed in a
+  float type runs pixel by pixel instead (`nhwc_3x3`: the nine products and the epilogue of each channel in
   registers, no split; the same operations in the same order).
 
 `bias_clamp(y, bias, lo, hi)` is that epilogue alone, in place on a matmul's (..., C) result
@@ -157,7 +157,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         sh, sw = stride
         clamp = lo != -np.inf or hi != np.inf
         rows: dict = {}  # (output width, dtype) -> (weights, bias) tiled across an output row
-        pixelwise = w.shape[:2] == (3, 3)  # wide 3x3 float layers: nhwc_3x3, pixel by pixel
+        pixelwise = w.shape[:2] == (3, 3)  # wide 3x3 layers into float sums: nhwc_3x3, pixel by pixel
         typed: dict = {}  # dtype -> (w, bias) in it (an empty bias: none)
 
         def pixelwise_args(dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -176,10 +176,12 @@ def _compile() -> Optional[dict[str, Callable]]:
         def depthwise(x, out):
             kind = out.dtype.type  # the zero point and the padding's zero in the accumulator's type
             n, h, width, c = x.shape
-            if pixelwise and c >= PIXELWISE_MIN_CHANNELS and x.dtype == out.dtype and out.dtype.kind == "f" and not x_zero:
+            if pixelwise and c >= PIXELWISE_MIN_CHANNELS and out.dtype.kind == "f" and (
+                    x.dtype == out.dtype or x.dtype.kind in "iu"):
                 w_typed, bias_typed = pixelwise_args(out.dtype)
-                K.nhwc_3x3(np.ascontiguousarray(x), w_typed, bias_typed, clamp, sh, sw, *dilation, pads[0], pads[2],
-                           kind(lo), kind(hi), out)
+                shift = x.dtype != out.dtype  # int8 data: x - x_zero in the accumulator's type
+                K.nhwc_3x3(np.ascontiguousarray(x), np.full(c, x_zero if shift else 0, x.dtype), kind(x_zero), shift,
+                           w_typed, bias_typed, clamp, sh, sw, *dilation, pads[0], pads[2], kind(lo), kind(hi), out)
                 return out
             if sw == 1 and x.dtype == out.dtype and not x_zero and x.flags.c_contiguous:
                 xs = x.reshape(n, h, 1, width * c)

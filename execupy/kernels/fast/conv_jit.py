@@ -153,18 +153,24 @@ def nhwc(xs, tiled, bias_row, clamp, width, sh, sw, dh, dw, top, left, zero, lo,
                 epilogue(o, bias_row, clamp, lo, hi)
 
 
+@numba.njit(cache=True, inline="always")
+def _shifted(t, ch, xz, shift):
+    # x - x_zero in the accumulator's type for int8 data, x itself for float data
+    return t[ch] - xz if shift else t[ch]
+
+
 @numba.njit(cache=True, error_model="numpy")
-def nhwc_3x3(x, w, bias, clamp, sh, sw, dh, dw, top, left, lo, hi, out):
-    """A 3x3 depthwise conv of float `x` (N, H, W, C) into `out` (N, OH, OW, C), w (3, 3, C), then
+def nhwc_3x3(x, padded, xz, shift, w, bias, clamp, sh, sw, dh, dw, top, left, lo, hi, out):
+    """A 3x3 depthwise conv of `x` (N, H, W, C) into `out` (N, OH, OW, C), w (3, 3, C), then
     + bias when `bias` is not empty and clamped to [lo, hi] if `clamp`, pixel by pixel: each
     channel's nine products and the epilogue in registers, one store (`nhwc` goes tap by tap
     through the output row, a load and a store per tap, and splits a strided input by column
     phase first). The same operations in the same order as `nhwc`: the first tap's product,
-    the others added in tap order, a tap outside the input adding 0 * w. Wide layers only
-    (the caller's choice): for 16 channels the per-pixel loop is too short and `nhwc` wins."""
+    the others added in tap order, a tap outside the input reading `padded` (C values of x's
+    type: 0, or x_zero for int8 data, which `shift` takes off every input as x - xz). Wide
+    layers only (the caller's choice): for 16 channels the per-pixel loop is too short."""
     n_, h, width, c = x.shape
     oh, ow = out.shape[1], out.shape[2]
-    zeros = np.zeros(c, out.dtype)
     has_bias = bias.shape[0] > 0
     for n in range(n_):
         for y in range(oh):
@@ -173,26 +179,26 @@ def nhwc_3x3(x, w, bias, clamp, sh, sw, dh, dw, top, left, lo, hi, out):
             for px in range(ow):
                 c0 = px * sw - left
                 ok0, ok1, ok2 = 0 <= c0 < width, 0 <= c0 + dw < width, 0 <= c0 + 2 * dw < width
-                t0 = x[n, r0, c0] if in0 and ok0 else zeros
-                t1 = x[n, r0, c0 + dw] if in0 and ok1 else zeros
-                t2 = x[n, r0, c0 + 2 * dw] if in0 and ok2 else zeros
-                t3 = x[n, r0 + dh, c0] if in1 and ok0 else zeros
-                t4 = x[n, r0 + dh, c0 + dw] if in1 and ok1 else zeros
-                t5 = x[n, r0 + dh, c0 + 2 * dw] if in1 and ok2 else zeros
-                t6 = x[n, r0 + 2 * dh, c0] if in2 and ok0 else zeros
-                t7 = x[n, r0 + 2 * dh, c0 + dw] if in2 and ok1 else zeros
-                t8 = x[n, r0 + 2 * dh, c0 + 2 * dw] if in2 and ok2 else zeros
+                t0 = x[n, r0, c0] if in0 and ok0 else padded
+                t1 = x[n, r0, c0 + dw] if in0 and ok1 else padded
+                t2 = x[n, r0, c0 + 2 * dw] if in0 and ok2 else padded
+                t3 = x[n, r0 + dh, c0] if in1 and ok0 else padded
+                t4 = x[n, r0 + dh, c0 + dw] if in1 and ok1 else padded
+                t5 = x[n, r0 + dh, c0 + 2 * dw] if in1 and ok2 else padded
+                t6 = x[n, r0 + 2 * dh, c0] if in2 and ok0 else padded
+                t7 = x[n, r0 + 2 * dh, c0 + dw] if in2 and ok1 else padded
+                t8 = x[n, r0 + 2 * dh, c0 + 2 * dw] if in2 and ok2 else padded
                 o = out[n, y, px]
                 for ch in range(c):
-                    acc = t0[ch] * w[0, 0, ch]
-                    acc = acc + t1[ch] * w[0, 1, ch]
-                    acc = acc + t2[ch] * w[0, 2, ch]
-                    acc = acc + t3[ch] * w[1, 0, ch]
-                    acc = acc + t4[ch] * w[1, 1, ch]
-                    acc = acc + t5[ch] * w[1, 2, ch]
-                    acc = acc + t6[ch] * w[2, 0, ch]
-                    acc = acc + t7[ch] * w[2, 1, ch]
-                    acc = acc + t8[ch] * w[2, 2, ch]
+                    acc = _shifted(t0, ch, xz, shift) * w[0, 0, ch]
+                    acc = acc + _shifted(t1, ch, xz, shift) * w[0, 1, ch]
+                    acc = acc + _shifted(t2, ch, xz, shift) * w[0, 2, ch]
+                    acc = acc + _shifted(t3, ch, xz, shift) * w[1, 0, ch]
+                    acc = acc + _shifted(t4, ch, xz, shift) * w[1, 1, ch]
+                    acc = acc + _shifted(t5, ch, xz, shift) * w[1, 2, ch]
+                    acc = acc + _shifted(t6, ch, xz, shift) * w[2, 0, ch]
+                    acc = acc + _shifted(t7, ch, xz, shift) * w[2, 1, ch]
+                    acc = acc + _shifted(t8, ch, xz, shift) * w[2, 2, ch]
                     if has_bias:
                         acc = acc + bias[ch]
                     if clamp:
