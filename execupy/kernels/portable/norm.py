@@ -70,17 +70,19 @@ def _compiled_layer_norm(x: np.ndarray, k: int, weight: Optional[np.ndarray], bi
     where numba is and the tensors are plain C-ordered float32 of the expected shapes."""
     compiled = compiled_rows(x.size)
     n = math.prod(x.shape[x.ndim - k:])
-    plain = [a for a in (x, out, weight, bias) if a is not None]
-    if (compiled is None or n == 0 or out.shape != x.shape
-            or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in plain)
-            or any(a is not None and a.size != n for a in (weight, bias))):
+    if (compiled is None or n == 0 or out.shape != x.shape or x.dtype != np.float32 or out.dtype != np.float32
+            or not (x.flags.c_contiguous and out.flags.c_contiguous)
+            or not all(a is None or (a.dtype == np.float32 and a.size == n and a.flags.c_contiguous)
+                       for a in (weight, bias))):
         return None
     rows = x.size // n
-    mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    stats = x.shape[:x.ndim - k] + (1,) * k
+    # mean and rstd straight into their outputs where those are plain float32 of the stats' shape
+    mean, rstd = (a.reshape(rows) if a.shape == stats and a.dtype == np.float32 and a.flags.c_contiguous
+                  else np.empty(rows, np.float32) for a in (mean_out, rstd_out))
     none = np.empty(0, np.float32)
     weight, bias = (none if a is None else a.reshape(n) for a in (weight, bias))
     compiled.layer_norm_rows(x.reshape(rows, n), weight, bias, np.float32(eps), out.reshape(rows, n), mean, rstd)
-    stats = x.shape[:x.ndim - k] + (1,) * k
     return out, write(mean_out, mean.reshape(stats)), write(rstd_out, rstd.reshape(stats))
 
 
