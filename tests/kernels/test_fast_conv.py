@@ -81,6 +81,16 @@ def test_depthwise_nhwc_float_numba_equals_numpy(c, size, s, d, k, p, epilogue):
         assert numbers.min() >= args[7] and numbers.max() <= args[8] and (numbers == args[8]).any()
 
 
+@pytest.mark.parametrize("c", [8, 48])  # tap by tap, and pixel by pixel
+def test_depthwise_nhwc_float_data_with_a_zero_point_equals_numpy(c):
+    """A float input whose zero point is taken off first (x - x_zero, padding reading as 0)."""
+    rng = np.random.default_rng(c)
+    x = rng.integers(-128, 128, (1, 9, 9, c)).astype(np.float32)
+    w = rng.integers(-127, 128, (3, 3, c)).astype(np.float32)
+    ours, reference = _run("depthwise_nhwc", (x, w, (2, 2), (1, 1), (1, 1, 1, 1), 7), np.empty((1, 5, 5, c), np.float32))
+    np.testing.assert_array_equal(ours, reference)
+
+
 def test_a_bound_depthwise_kernel_serves_inputs_of_other_widths():
     """The XNNPACK node binds its filter once; a dynamic-shape input of another width gets
     weights tiled for its own output row."""

@@ -179,8 +179,8 @@ def _compile() -> Optional[dict[str, Callable]]:
             if pixelwise and c >= PIXELWISE_MIN_CHANNELS and out.dtype.kind == "f" and (
                     x.dtype == out.dtype or x.dtype.kind in "iu"):
                 w_typed, bias_typed = pixelwise_args(out.dtype)
-                shift = x.dtype != out.dtype  # int8 data: x - x_zero in the accumulator's type
-                K.nhwc_3x3(np.ascontiguousarray(x), np.full(c, x_zero if shift else 0, x.dtype), kind(x_zero), shift,
+                shift = bool(x_zero) or x.dtype != out.dtype  # x - x_zero in the accumulator's type (int8 data)
+                K.nhwc_3x3(np.ascontiguousarray(x), np.full(c, x_zero, x.dtype), kind(x_zero), shift,
                            w_typed, bias_typed, clamp, sh, sw, *dilation, pads[0], pads[2], kind(lo), kind(hi), out)
                 return out
             if sw == 1 and x.dtype == out.dtype and not x_zero and x.flags.c_contiguous:
