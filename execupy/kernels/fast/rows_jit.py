@@ -48,8 +48,8 @@ def _block_sum(a, lo, n):
 
 @numba.njit(cache=True)
 def row_sums(x, stack, sums):
-    # numpy's pairwise summation of each row of x [R, n], into sums[0] (sums float32 [64, R] and
-    # stack int64 [3, 64]: the caller's scratch). Longer than 128, a sum is that of the two
+    # numpy's sum of each row of x [R, n] (its pairwise summation, added to the reduction's initial
+    # 0), into sums[0] (sums float32 [64, R] and stack int64 [3, 64]: the caller's scratch). Longer than 128, a sum is that of the two
     # halves (split at half the length rounded down to a multiple of 8); the halves are walked with
     # an explicit stack (numba's disk cache and recursive functions do not mix: a recursive kernel
     # loaded from the cache crashed). The split depends on n alone, so all rows walk it together.
@@ -57,8 +57,8 @@ def row_sums(x, stack, sums):
     half = n // 2 - (n // 2) % 8
     if n - half <= 128:  # rows up to 263 long: one block or two, without the stack's bookkeeping (2x faster)
         for r in range(x.shape[0]):
-            sums[0, r] = _block_sum(x[r], 0, n) if n <= 128 else np.float32(
-                _block_sum(x[r], 0, half) + _block_sum(x[r], half, n - half))
+            sums[0, r] = np.float32(np.float32(0) + (_block_sum(x[r], 0, n) if n <= 128 else np.float32(
+                _block_sum(x[r], 0, half) + _block_sum(x[r], half, n - half))))
         return
     los, lens, stage = stack[0], stack[1], stack[2]
     los[0], lens[0], stage[0] = 0, n, 0
@@ -81,6 +81,8 @@ def row_sums(x, stack, sums):
                 sums[count - 2, r] = np.float32(sums[count - 2, r] + sums[count - 1, r])
             count -= 1
             depth -= 1
+    for r in range(x.shape[0]):
+        sums[0, r] = np.float32(np.float32(0) + sums[0, r])
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -93,7 +95,7 @@ def layer_norm_rows(x, weight, bias, eps, out, mean, rstd):
     stack, sums = np.empty((3, 64), np.int64), np.empty((64, rows), np.float32)
     row_sums(x, stack, sums)
     for r in range(rows):
-        mean[r] = f32(f32(f32(0) + sums[0, r]) / count)
+        mean[r] = f32(sums[0, r] / count)
     for r in range(rows):
         m = mean[r]
         for i in range(n):
@@ -102,7 +104,7 @@ def layer_norm_rows(x, weight, bias, eps, out, mean, rstd):
             squares[r, i] = f32(c * c)
     row_sums(squares, stack, sums)
     for r in range(rows):
-        var = f32(f32(f32(0) + sums[0, r]) / count)
+        var = f32(sums[0, r] / count)
         s = f32(one / np.sqrt(f32(var + eps)))
         rstd[r] = s
         if weight.size and bias.size:  # one loop per case: LLVM vectorises each
@@ -119,12 +121,27 @@ def layer_norm_rows(x, weight, bias, eps, out, mean, rstd):
                 out[r, i] = f32(out[r, i] * s)
 
 
+MAGNITUDE, INF_BITS = np.int32(0x7FFFFFFF), np.int32(0x7F800000)
+
+
+@numba.njit(cache=True, inline="always")
+def ordered_key(b):
+    # The int32 bits b of a float32 -> an int32 ordered as the floats are (sign-magnitude turned
+    # two's complement), and back: the map is its own inverse. LLVM vectorises an integer min/max,
+    # not a float one that must keep or skip NaN (3x slower). -0.0's key is just below 0.0's.
+    return b ^ ((b >> np.int32(31)) & MAGNITUDE)
+
+
+@numba.njit(cache=True, inline="always")
+def is_nan_bits(b):
+    return (b & MAGNITUDE) > INF_BITS
+
+
 @numba.njit(cache=True, error_model="numpy")
 def subtract_row_max(x, out):
     # out[r] = x[r] - max(x[r]) for x, out [R, n], n > 0 (np.max's value: NaN if the row has one).
-    # The max is taken over integer keys ordered as the floats are (sign-magnitude turned two's
-    # complement): LLVM vectorises an integer max, not a float one that must keep NaN (3x slower);
-    # the NaNs are counted apart. Of 0.0 and -0.0 the key picks 0.0; x - m is the same then.
+    # The max is taken over ordered_key's keys, the NaNs counted apart. Of 0.0 and -0.0 the key
+    # picks 0.0; x - m is the same then.
     rows, n = x.shape
     bits = x.view(np.int32)
     back = np.empty(1, np.int32)
@@ -133,9 +150,9 @@ def subtract_row_max(x, out):
         top, nan = np.int32(-2 ** 31), 0
         for i in range(n):
             b = bits[r, i]
-            top = max(top, b ^ ((b >> 31) & 0x7FFFFFFF))
-            nan += (b & 0x7FFFFFFF) > 0x7F800000
-        back[0] = top ^ ((top >> 31) & 0x7FFFFFFF)
+            top = max(top, ordered_key(b))
+            nan += is_nan_bits(b)
+        back[0] = ordered_key(top)
         m = np.float32(np.nan) if nan else value[0]
         for i in range(n):
             out[r, i] = np.float32(x[r, i] - m)
@@ -148,6 +165,6 @@ def divide_by_row_sums(e):
     stack, sums = np.empty((3, 64), np.int64), np.empty((64, rows), np.float32)
     row_sums(e, stack, sums)
     for r in range(rows):
-        s = np.float32(np.float32(0) + sums[0, r])
+        s = sums[0, r]
         for i in range(n):
             e[r, i] = np.float32(e[r, i] / s)

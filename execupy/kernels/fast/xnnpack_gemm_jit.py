@@ -14,6 +14,7 @@ import numpy as np
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .blockwise_jit import PANEL, VNNI, activation_bytes, blockwise_panels, blockwise_rows
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_rows
+from .rows_jit import is_nan_bits, ordered_key
 from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
 from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
@@ -212,14 +213,10 @@ def scale_sums(acc, x_scale, w_scale, bias, out):
             o[c] = np.float32(np.float64(np.float32(a[c] * xs)) * np.float64(w_scale[c]) + np.float64(bias[c]))
 
 
-_MAGNITUDE, _INF_BITS = np.int32(0x7FFFFFFF), np.int32(0x7F800000)
-
-
 @numba.njit(cache=True, error_model="numpy")  # a row with inf: scale inf as numpy gives, no ZeroDivisionError
 def quantize_rows(x, q, scale, zero):
-    # x float32 [m, k] in C order. Each row's min and max (with 0; NaN left out) over integer keys
-    # ordered as the floats are (sign-magnitude turned two's complement): LLVM vectorises integer
-    # min/max, not float ones (3x slower); the key of -0.0 is below 0.0's, and adding 0 makes it 0.0.
+    # x float32 [m, k] in C order. Each row's min and max (with 0; NaN left out) over rows_jit's
+    # ordered keys; the key of -0.0 is below 0.0's, and adding 0 makes it 0.0.
     m, k = x.shape
     bits = x.view(np.int32)
     ends = np.empty(2, np.int32)
@@ -228,10 +225,9 @@ def quantize_rows(x, q, scale, zero):
         low, high = np.int32(0), np.int32(0)
         for i in range(k):
             b = bits[r, i]
-            key = b ^ ((b >> np.int32(31)) & _MAGNITUDE)
-            key = np.int32(0) if (b & _MAGNITUDE) > _INF_BITS else key
+            key = np.int32(0) if is_nan_bits(b) else ordered_key(b)
             low, high = min(low, key), max(high, key)
-        ends[0], ends[1] = low ^ ((low >> np.int32(31)) & _MAGNITUDE), high ^ ((high >> np.int32(31)) & _MAGNITUDE)
+        ends[0], ends[1] = ordered_key(low), ordered_key(high)
         lo, hi = np.float32(ends_float[0] + np.float32(0)), np.float32(ends_float[1] + np.float32(0))
         inv = np.float32(1) if lo == hi else np.float32(np.float32(255) / np.float32(hi - lo))
         lo_scaled, hi_scaled = np.float32(lo * inv), np.float32(hi * inv)
