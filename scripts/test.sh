@@ -12,4 +12,5 @@ if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[export
   cat .venv/pip.log >&2
   exit 1
 fi
-.venv/bin/python -m pytest -q "$@"
+# the slowest tests listed at the end: CI must stay within 30 minutes on 2 cores
+.venv/bin/python -m pytest -q --durations=30 "$@"
