@@ -103,6 +103,10 @@ CASES = {
     # GELU's rational interpolant, on both sides of its clamp at +-5.16 and on its tails
     "gelu": dict(model="nn.GELU()", inputs="(torch.cat([torch.randn(64, 97) * 3, torch.linspace(-9, 9, 97)[None]]),)",
                  nodes=["Gelu"], exact=True),
+    # fp32 linears with a bias: in <= out ones take the bias as one more input row of the product
+    # (the first with the ReLU as its output bounds), the narrowing last one adds it after
+    "fp32_linear_bias": dict(model="nn.Sequential(nn.Linear(16, 40), nn.ReLU(), nn.Linear(40, 40), nn.Linear(40, 8))",
+                             inputs="(torch.randn(2, 5, 16) * 2,)", nodes=["FullyConnected"], datatypes=["fp32"]),
     "int8_int4_group32": dict(model="nn.Sequential(nn.Linear(64, 24, bias=False))",
                               inputs="(torch.randn(2, 3, 64),)", quant="int4:32", nodes=["FullyConnected"],
                               datatypes=["qdint8", "qbint4"]),
