@@ -10,9 +10,11 @@ quantize_rows in execupy/kernels/fast/xnnpack_gemm.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 
+from ...kernels.fast import quantized
 from ...kernels.fast import xnnpack_gemm as XG
 
 F32 = np.float32
@@ -34,6 +36,20 @@ def quantize(x: np.ndarray, scale: float, zero_point: int, datatype: str) -> np.
     inv = F32(1.0) / F32(scale)
     q = np.rint(np.asarray(x, F32) * inv) + F32(zero_point)
     return np.clip(q, lo, hi).astype(STORAGE[datatype])
+
+
+def quantize_clamped(x: np.ndarray, lo: float, hi: float, scale: float, zero_point: int, datatype: str) -> np.ndarray:
+    """quantize(np.clip(x, lo, hi)) (no clip where both bounds are infinite): a node's float
+    result stored as its 8-bit output, in one compiled pass where numba is."""
+    clamp = lo != -np.inf or hi != np.inf
+    x = np.asarray(x, F32)
+    if _COMPILED is None or x.size < COMPILED_MIN_SIZE:
+        return quantize(np.clip(x, F32(lo), F32(hi)) if clamp else x, scale, zero_point, datatype)
+    out = np.empty(x.shape, STORAGE[datatype])
+    qlo, qhi = QRANGE[datatype]
+    _COMPILED.quantize_into(_flat(x), clamp, F32(lo), F32(hi), F32(1.0) / F32(scale), F32(zero_point),
+                            F32(qlo), F32(qhi), out.reshape(-1))
+    return out
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
@@ -68,3 +84,47 @@ def quantized_bounds(datatype: str, scale: float, zero_point: int, output_min: f
         qlo = lo if not np.isfinite(output_min) else max(lo, min(hi, float(np.rint(output_min / scale) + zero_point)))
         qhi = hi if not np.isfinite(output_max) else max(lo, min(hi, float(np.rint(output_max / scale) + zero_point)))
     return qlo, qhi
+
+
+ADD, SUBTRACT, MULTIPLY = 0, 1, 2  # element-wise ops of binary_quantized (quant_jit.binary_into's `op`)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+def binary_quantized(op: int, a_params: tuple[int, float], b_params: tuple[int, float], lo: float, hi: float,
+                     out_value) -> Callable[[np.ndarray, np.ndarray], Optional[np.ndarray]]:
+    """(qa, qb) -> the 8-bit result of dequantize(qa) `op` dequantize(qb), clamped to [lo, hi]
+    and quantized as `out_value` (a graph Value) says: the loaders' and storer's float32 steps
+    in one compiled pass. None where numba is missing, the two shapes differ (broadcasting) or
+    the tensors are small: the caller then takes the numpy steps, which give the same bits.
+    a_params, b_params: (zero point, scale) of each input."""
+    (a_zero, a_scale), (b_zero, b_scale) = a_params, b_params
+    dtype, clamp = out_value.datatype, lo != -np.inf or hi != np.inf
+    qlo, qhi = QRANGE[dtype]
+    a_args, b_args = (F32(a_zero), F32(a_scale)), (F32(b_zero), F32(b_scale))
+    out_args = (clamp, F32(lo), F32(hi), F32(1.0) / F32(out_value.quant.scale[0]), F32(out_value.quant.zero_point),
+                F32(qlo), F32(qhi))
+
+    def run(qa: np.ndarray, qb: np.ndarray) -> Optional[np.ndarray]:
+        if _COMPILED is None or qa.shape != qb.shape or qa.size < COMPILED_MIN_SIZE:
+            return None
+        out = np.empty(qa.shape, STORAGE[dtype])
+        _COMPILED.binary_into(op, _flat(qa), *a_args, _flat(qb), *b_args, *out_args, out.reshape(-1))
+        return out
+
+    return run
+
+
+def _compile():
+    if quantized.BACKEND != "numba":
+        return None
+    from . import quant_jit  # module level: numba's disk cache finds its kernels in the next process
+
+    return quant_jit
+
+
+_COMPILED = _compile()
+# Below this many elements the numpy steps cost less than the compiled call's dispatch.
+COMPILED_MIN_SIZE = 256

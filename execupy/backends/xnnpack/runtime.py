@@ -280,7 +280,7 @@ class GraphContext:
             lambda y: np.clip(y, F32(lo), F32(hi)))
         if value.datatype in ("qint8", "quint8"):
             scale, zp, dt = value.quant.scale[0], value.quant.zero_point, value.datatype
-            return lambda y: Q.quantize(clamp(y), scale, zp, dt)
+            return lambda y: Q.quantize_clamped(y, lo, hi, scale, zp, dt)
         if value.datatype in FLOAT_TYPES:
             dtype = FLOAT_TYPES[value.datatype]
             return lambda y: np.asarray(clamp(y)).astype(dtype, copy=False)
