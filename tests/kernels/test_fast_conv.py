@@ -156,17 +156,31 @@ def test_depthwise_nhwc_int8_numba_equals_numpy(c, size, s, d, k, p, storage, ze
 
 
 @pytest.mark.parametrize("acc_dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("bias_dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("storage, zero, lo, hi", [(np.int8, 3, -128, 127), (np.int8, -128, -128, 40),
                                                    (np.uint8, 128, 0, 255)])
-def test_requantize_numba_equals_numpy(acc_dtype, storage, zero, lo, hi):
+def test_requantize_numba_equals_numpy(acc_dtype, bias_dtype, storage, zero, lo, hi):
     rng = np.random.default_rng(7)
     acc = rng.integers(-40000, 40000, (3, 5, 5, 24)).astype(acc_dtype)
-    bias = rng.integers(-5000, 5000, 24).astype(np.float64)
+    bias = rng.integers(-5000, 5000, 24).astype(bias_dtype)
     scale = (rng.random(24) * 4e-3).astype(np.float32)
     out = np.empty(acc.shape, storage)
     ours, reference = _run("requantize", (acc, bias, scale, zero, lo, hi), out)
     np.testing.assert_array_equal(ours, reference)
     assert ours.min() >= lo and ours.max() <= hi and len(np.unique(ours)) > 20
+    # a float32 bias gives the float64 one's bits (the XNNPACK conv's fast case)
+    np.testing.assert_array_equal(ours, FC.NUMPY["requantize"](acc.astype(np.float64), bias.astype(np.float64), scale,
+                                                               zero, lo, hi, np.empty(acc.shape, storage)))
+
+
+def test_a_bias_float32_cannot_hold_must_stay_float64():
+    """float32 sums + a float32 bias is the float64 sum rounded once (the same bits) as long as the
+    bias is a float32 value; 2**24 + 1 is not, and rounding it first changes the result."""
+    acc, bias = np.array([[1.0]], np.float32), np.array([2.0 ** 24 + 1])
+    scale = np.array([1.0], np.float32)
+    exact = FC.NUMBA["requantize"](acc, bias, scale, 0, -1e9, 1e9, np.empty((1, 1), np.float64))
+    rounded = FC.NUMBA["requantize"](acc, bias.astype(np.float32), scale, 0, -1e9, 1e9, np.empty((1, 1), np.float64))
+    assert exact[0, 0] == 2.0 ** 24 + 2 and rounded[0, 0] == 2.0 ** 24
 
 
 @pytest.mark.parametrize("groups_case", ["depthwise", "depthwise_strided", "dense"])

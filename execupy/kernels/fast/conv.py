@@ -33,7 +33,11 @@ numpy's copy from a transposed NCHW input (a CNN's first layer) runs ~5x slower.
 
 `requantize(acc, bias, scale, zero_point, lo, hi, out)` turns such integer sums (int32, or
 float holding exact integers) plus a per-channel bias into int8 with XNNPACK's fp32
-requantization (execupy/backends/xnnpack/quant.py: requantize) in one pass.
+requantization (execupy/backends/xnnpack/quant.py: requantize) in one pass. acc + bias is
+added in numpy's result type: float64 for a float64 bias or int32 sums (exact for every
+int32 sum, then rounded to float32), float32 for float32 sums and bias (one correctly rounded
+add: the same float32, ~2x faster; the caller passes a float32 bias only where it holds the
+bias exactly).
 
 The kernels run on one thread: a MobileNet's depthwise layers take a fraction of a
 millisecond each, and on a machine whose other core is busy a second thread's turn can
@@ -113,7 +117,7 @@ def _pad_into_numpy(x: np.ndarray, x_zero: int, top: int, left: int, xp: np.ndar
 
 def _requantize_numpy(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, zero_point: int, lo: float, hi: float,
                       out: np.ndarray) -> np.ndarray:
-    y = (acc + bias).astype(np.float32)  # exact integers (float64 holds every int32 sum)
+    y = (acc + bias).astype(np.float32)  # exact integers (see the module's docstring)
     y = np.rint(y * scale) + np.float32(zero_point)
     out[...] = np.clip(y, np.float32(lo), np.float32(hi))
     return out

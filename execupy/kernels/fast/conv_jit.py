@@ -212,7 +212,7 @@ def requantize_rows(acc, bias, scale, zero, lo, hi, out):
     for r in range(acc.shape[0]):
         a, o = acc[r], out[r]
         for c in range(acc.shape[1]):
-            v = np.float32(np.float64(a[c]) + bias[c])
+            v = np.float32(a[c] + bias[c])  # in float64 for a float64 bias or int32 sums
             o[c] = min(max(np.rint(v * scale[c]) + zero, lo), hi)
 
 
