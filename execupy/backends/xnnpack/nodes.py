@@ -116,6 +116,8 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], op: Optional[int
         # where the two inputs have one shape, else the loaders' and storer's passes
         ends = [(g.values[i].quant.zero_point, g.values[i].quant.scale[0]) for i in (x, y)]
         quantized_binary = Q.binary_quantized(op, *ends, node.output_min, node.output_max, g.values[out])
+        if quantized_binary is None:  # numpy only
+            return step
 
         def step_quantized(vals: list) -> None:
             r = quantized_binary(vals[x], vals[y])

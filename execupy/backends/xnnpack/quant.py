@@ -94,12 +94,14 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 def binary_quantized(op: int, a_params: tuple[int, float], b_params: tuple[int, float], lo: float, hi: float,
-                     out_value) -> Callable[[np.ndarray, np.ndarray], Optional[np.ndarray]]:
+                     out_value) -> Optional[Callable[[np.ndarray, np.ndarray], Optional[np.ndarray]]]:
     """(qa, qb) -> the 8-bit result of dequantize(qa) `op` dequantize(qb), clamped to [lo, hi]
     and quantized as `out_value` (a graph Value) says: the loaders' and storer's float32 steps
-    in one compiled pass. None where numba is missing, the two shapes differ (broadcasting) or
-    the tensors are small: the caller then takes the numpy steps, which give the same bits.
-    a_params, b_params: (zero point, scale) of each input."""
+    in one compiled pass. The function returns None where the two shapes differ (broadcasting)
+    or the tensors are small, and is itself None where numba is missing: the caller then takes
+    the numpy steps, which give the same bits. a_params, b_params: (zero point, scale) of each input."""
+    if _COMPILED is None:
+        return None
     (a_zero, a_scale), (b_zero, b_scale) = a_params, b_params
     dtype, clamp = out_value.datatype, lo != -np.inf or hi != np.inf
     qlo, qhi = QRANGE[dtype]
@@ -108,7 +110,7 @@ def binary_quantized(op: int, a_params: tuple[int, float], b_params: tuple[int, 
                 F32(qlo), F32(qhi))
 
     def run(qa: np.ndarray, qb: np.ndarray) -> Optional[np.ndarray]:
-        if _COMPILED is None or qa.shape != qb.shape or qa.size < COMPILED_MIN_SIZE:
+        if qa.shape != qb.shape or qa.size < COMPILED_MIN_SIZE:
             return None
         out = np.empty(qa.shape, STORAGE[dtype])
         _COMPILED.binary_into(op, _flat(qa), *a_args, _flat(qb), *b_args, *out_args, out.reshape(-1))
