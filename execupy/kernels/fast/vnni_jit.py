@@ -184,6 +184,22 @@ def panel_chain_rows(typingctx, words, xbytes, shifts, scales, per_block, p, v, 
     return types.void(words, xbytes, shifts, scales, per_block, p, v, r0), codegen
 
 
+def _panel_sums(context, builder, words_t, w_arr, x_t, x_arr, p, row_ids):
+    """The int32 sums of one panel for the rows `row_ids`: per row a list of VECTORS allocas,
+    acc = sum over word rows r of vpdpbusd(xquads[row, r], words[p, r, :])."""
+    dot, (zero, one, columns) = _vpdpbusd(builder), _INDICES
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in columns] for _ in row_ids]
+    with cgutils.for_range_slice(builder, zero, builder.extract_value(w_arr.shape, 1), one) as (r, _):
+        quads = [_splat(builder, _item(context, builder, x_t, x_arr, [row, r])) for row in row_ids]
+        for g, c in enumerate(columns):
+            at = _vector_at(context, builder, words_t, w_arr, [p, r, c])
+            prefetch_ahead(builder, at)
+            w = builder.load(at, align=4)
+            for m in range(len(row_ids)):
+                builder.store(builder.call(dot, [builder.load(accs[m][g]), quads[m], w]), accs[m][g])
+    return accs
+
+
 def _channel_panel(rows: int):
     """An intrinsic summing int8 products for `rows` rows of a prompt against one panel:
     acc[r0 + m, :] = sum over word rows r of vpdpbusd(xquads[r0 + m, r], words[p, r, :]), where
@@ -196,24 +212,52 @@ def _channel_panel(rows: int):
             words_t, x_t, _, acc_t, _ = sig.args
             w_arr, x_arr, acc_arr = _arrays(context, builder, sig, args, (0, 1, 3))
             p, r0 = args[2], args[4]
-            dot, (zero, one, columns) = _vpdpbusd(builder), _INDICES
             row_ids = [builder.add(r0, ir.Constant(cgutils.intp_t, m)) for m in range(rows)]
-            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in columns] for _ in row_ids]
-            with cgutils.for_range_slice(builder, zero, builder.extract_value(w_arr.shape, 1), one) as (r, _):
-                quads = [_splat(builder, _item(context, builder, x_t, x_arr, [row, r])) for row in row_ids]
-                for g, c in enumerate(columns):
-                    at = _vector_at(context, builder, words_t, w_arr, [p, r, c])
-                    prefetch_ahead(builder, at)
-                    w = builder.load(at, align=4)
-                    for m in range(rows):
-                        builder.store(builder.call(dot, [builder.load(accs[m][g]), quads[m], w]), accs[m][g])
+            accs = _panel_sums(context, builder, words_t, w_arr, x_t, x_arr, p, row_ids)
             for m, row in enumerate(row_ids):
-                for g, c in enumerate(columns):
+                for g, c in enumerate(_INDICES[2]):
                     builder.store(builder.load(accs[m][g]), _vector_at(context, builder, acc_t, acc_arr, [row, c]), align=4)
             return context.get_dummy_value()
         return types.void(words, xquads, p, acc, r0), codegen
     return channel_panel
 
 
+def _channel_panel_scaled(rows: int):
+    """`_channel_panel`'s sums for `rows` rows, scaled in registers straight into out float32 [M, N]
+    at columns p * PANEL.. (a whole panel: the caller keeps the last, partial one for the other
+    path): out = float32(float64(float32(float32(acc - zr * wsum) * x_scale)) * float64(w_scale)
+    + float64(bias)), xnnpack_gemm_jit.scale_sums' steps, each rounded where those round and no
+    fma, so the same bits. zr int32 [M] (zero point + 128), x_scale float32 [M]; wsum int32,
+    w_scale and bias float32, one per output. acc - zr * wsum wraps in int32 to the exact
+    sum of (q - zp) * w, which fits (K * 255 * 128 below 2**31)."""
+    @intrinsic
+    def channel_panel_scaled(typingctx, words, xquads, p, r0, zr, x_scale, wsum, w_scale, bias, out):
+        def codegen(context, builder, sig, args):
+            words_t, x_t, _, _, zr_t, xs_t, wsum_t, ws_t, bias_t, out_t = sig.args
+            w_arr, x_arr, zr_arr, xs_arr, wsum_arr, ws_arr, bias_arr, out_arr = _arrays(
+                context, builder, sig, args, (0, 1, 4, 5, 6, 7, 8, 9))
+            p, r0 = args[2], args[3]
+            row_ids = [builder.add(r0, ir.Constant(cgutils.intp_t, m)) for m in range(rows)]
+            accs = _panel_sums(context, builder, words_t, w_arr, x_t, x_arr, p, row_ids)
+            c0 = builder.mul(p, ir.Constant(cgutils.intp_t, PANEL))
+            for g, c in enumerate(_INDICES[2]):
+                col = builder.add(c0, c)
+                wsum_v = builder.load(_vector_at(context, builder, wsum_t, wsum_arr, [col]), align=4)
+                ws_v = builder.fpext(builder.load(_vector_at(context, builder, ws_t, ws_arr, [col]), align=4), _V16D)
+                bias_v = builder.fpext(builder.load(_vector_at(context, builder, bias_t, bias_arr, [col]), align=4), _V16D)
+                for m, row in enumerate(row_ids):
+                    zr_v = _splat(builder, _item(context, builder, zr_t, zr_arr, [row]))
+                    xs_v = _splat(builder, _item(context, builder, xs_t, xs_arr, [row]), _V16F)
+                    sums = builder.sub(builder.load(accs[m][g]), builder.mul(zr_v, wsum_v))
+                    scaled = builder.fpext(builder.fmul(builder.sitofp(sums, _V16F), xs_v), _V16D)
+                    value = builder.fptrunc(builder.fadd(builder.fmul(scaled, ws_v), bias_v), _V16F)
+                    builder.store(value, _vector_at(context, builder, out_t, out_arr, [row, col]), align=4)
+            return context.get_dummy_value()
+        return types.void(words, xquads, p, r0, zr, x_scale, wsum, w_scale, bias, out), codegen
+    return channel_panel_scaled
+
+
 channel_panel_rows = _channel_panel(ROWS)  # four rows of a prompt
 channel_panel_row = _channel_panel(1)  # the rows left over
+channel_panel_rows_scaled = _channel_panel_scaled(ROWS)
+channel_panel_row_scaled = _channel_panel_scaled(1)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .blockwise_jit import PANEL, VNNI, activation_bytes, blockwise_panels, blockwise_rows
-from .vnni_jit import ROWS, channel_panel_row, channel_panel_rows
+from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
 from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
 from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
@@ -162,15 +162,29 @@ def blockwise_rows_range(q, zp, x_scale, words, scales, ksum, bias, block, p0, p
 def channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias, p0, p1, out):
     """out[:, panels p0..p1's columns] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI
     only): the exact sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then
-    scale_sums' float steps. words int32 [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]."""
+    scale_sums' float steps, in registers for whole panels (vnni_jit.channel_panel_rows_scaled).
+    words int32 [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]."""
     m, k = q.shape
     n, quads = out.shape[1], words.shape[1]
     xq = np.zeros((m, quads), np.int32)
+    xbytes = xq.view(np.uint8)  # byte t of word i is input 4i + t (x86: little-endian), as words are laid out
     for r in range(m):
         for i in range(k):
-            xq[r, i // 4] |= np.int32(np.uint32(np.int32(q[r, i]) + 128) << np.uint32(8 * (i % 4)))
+            xbytes[r, i] = np.uint8(np.int32(q[r, i]) + 128)
+    zr = np.empty(m, np.int32)
+    for r in range(m):
+        zr[r] = np.int32(zp[r]) + np.int32(128)
+    whole = max(p0, min(p1, n // PANEL))
+    for p in range(p0, whole):
+        r = 0
+        while r + ROWS <= m:
+            channel_panel_rows_scaled(words, xq, p, r, zr, x_scale, wsum, w_scale, bias, out)
+            r += ROWS
+        while r < m:
+            channel_panel_row_scaled(words, xq, p, r, zr, x_scale, wsum, w_scale, bias, out)
+            r += 1
     acc = np.empty((m, PANEL), np.int32)
-    for p in range(p0, p1):
+    for p in range(whole, p1):  # the last panel, part of it past the outputs: through acc
         r = 0
         while r + ROWS <= m:
             channel_panel_rows(words, xq, p, acc, r)
@@ -180,9 +194,9 @@ def channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias, p0, p1, o
             r += 1
         c0 = p * PANEL
         for r in range(m):
-            zr, xs, o = np.int32(zp[r]) + np.int32(128), x_scale[r], out[r]
+            xs, o = x_scale[r], out[r]
             for j in range(min(PANEL, n - c0)):
-                a = np.float32(acc[r, j] - zr * wsum[c0 + j])
+                a = np.float32(acc[r, j] - zr[r] * wsum[c0 + j])
                 o[c0 + j] = np.float32(np.float64(np.float32(a * xs)) * np.float64(w_scale[c0 + j])
                                        + np.float64(bias[c0 + j]))
 
