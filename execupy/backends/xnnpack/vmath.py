@@ -6,7 +6,7 @@ polynomial and one division (its `f32-vsigmoid avx512f rr2_lut32_p2_perm2_scalef
 kernel), whose result can differ from the correctly rounded sigmoid in the last bit. A
 last-bit difference matters downstream: the next dynamic int8 quantization can round an
 activation the other way. The steps below are that kernel's, each rounded to float32;
-its fused multiply-adds are computed in float64 (exact product) and rounded once to float32.
+its fused multiply-adds are rounded once (kernels/fast/xnnpack_gemm.fma32).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ...kernels.fast import quantized
+from ...kernels.fast.xnnpack_gemm import fma32 as _fma
 
 F32, F64 = np.float32, np.float64
 
@@ -34,8 +35,6 @@ _C2 = F32(0.5)
 _C1 = F32(float.fromhex("0x1.0000F6p0"))
 
 
-def _fma(a, b, c) -> np.ndarray:
-    return (np.asarray(a, F64) * np.asarray(b, F64) + np.asarray(c, F64)).astype(F32)
 
 
 def _elementwise(compiled: Optional[Callable], steps: Callable[[np.ndarray], np.ndarray], x) -> np.ndarray:
@@ -71,15 +70,15 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def _compile_sigmoid():
     """_sigmoid's steps element by element in one compiled loop, each rounded as there (no
-    fastmath; the fmas in float64): a SwiGLU's sigmoid took 40 us in numpy's dozen passes."""
+    fastmath; the fmas the CPU's own): a SwiGLU's sigmoid took 40 us in numpy's dozen passes."""
     if quantized.BACKEND != "numba":  # numba not installed, or EXECUPY_NUMBA=0
         return None
     import numba
 
     from ...kernels.fast import jit_cache  # noqa: F401  (before the decorator: our cache stamps)
+    from ...kernels.fast.fma_jit import fma32
 
-    log2e, magic, ln2_hi, ln2_lo = F64(_LOG2E), F64(_MAGIC_BIAS), F64(_MINUS_LN2_HI), F64(_MINUS_LN2_LO)
-    c2, c1, magic32, table = F64(_C2), F64(_C1), _MAGIC_BIAS, _TABLE
+    log2e, magic, ln2_hi, ln2_lo, c2, c1, table = _LOG2E, _MAGIC_BIAS, _MINUS_LN2_HI, _MINUS_LN2_LO, _C2, _C1, _TABLE
     powers = np.ldexp(1.0, np.arange(-151, 1))  # 2**k for k = -151 .. 0, float64
 
     # error_model="numpy": the division e / (e + 1) unchecked for zero (never zero: e + 1 >= 1, or
@@ -88,18 +87,18 @@ def _compile_sigmoid():
     def sigmoid_into(x, out):
         bits = np.empty(x.size, np.float32)  # n's bits pick the table entry, as _sigmoid's view does
         for i in range(x.size):
-            bits[i] = np.float32(-abs(F64(x[i])) * log2e + magic)
+            bits[i] = fma32(-abs(x[i]), log2e, magic)
         index = bits.view(np.uint32)
         for i in range(x.size):
             z = -abs(x[i])
             n = bits[i]
             entry = table[index[i] & np.uint32(31)]
-            n = np.float32(n - magic32)
-            t = np.float32(F64(n) * ln2_hi + F64(z))
-            t = np.float32(F64(n) * ln2_lo + F64(t))
-            p = np.float32(F64(t) * c2 + c1)
+            n = np.float32(n - magic)
+            t = fma32(n, ln2_hi, z)
+            t = fma32(n, ln2_lo, t)
+            p = fma32(t, c2, c1)
             t = np.float32(t * entry)
-            p = np.float32(F64(t) * F64(p) + F64(entry))
+            p = fma32(t, p, entry)
             # scalef(p, n) = p * 2**floor(n), exact in float64, rounded once; n <= 0, and from
             # floor(n) = -151 on, p * 2**floor(n) (p < 2) rounds to 0, as it does for -inf and
             # NaN (where numpy's ldexp gets INT_MIN and so does p * 0 here, p being finite or NaN)

@@ -11,22 +11,11 @@ from numba import types
 from numba.extending import intrinsic
 
 from ...kernels.fast import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from ...kernels.fast.fma_jit import fma32 as _fma
 from .vmath import GELU_BOUND, GELU_DENOMINATOR, GELU_NUMERATOR
 
 _A11, _A9, _A7, _A5, _A3, _A1 = GELU_NUMERATOR
 _B10, _B8, _B6, _B4, _B2, _B0 = GELU_DENOMINATOR
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):
-    # a * b + c rounded once in float32 (llvm.fma: the CPU's vfmadd where it has FMA, vectorised)
-    if not (a == b == c == types.float32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fma(*args)
-
-    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 @numba.njit(cache=True, error_model="numpy")

@@ -12,6 +12,7 @@ import numba
 import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .fma_jit import fma32
 from .quantized_jit import exact_nibble_sums
 from .vnni_jit import PANEL, ROWS, VNNI, panel_chain, panel_chain_rows
 
@@ -46,7 +47,7 @@ def _chains_float(a, xbytes, shifts, words, scales, per_block, p0, p1, v):
             exact_nibble_sums(a, panel, b * per_block, (b + 1) * per_block, sums)
             block_scales, shift = panel_scales[b], shifts[b]
             for j in range(PANEL):
-                chain[j] = np.float32(np.float64(chain[j]) + np.float64(sums[j] - shift) * np.float64(block_scales[j]))
+                chain[j] = fma32(np.float32(sums[j] - shift), block_scales[j], chain[j])
 
 
 # Chosen once: numba compiles the function a caller names into it.

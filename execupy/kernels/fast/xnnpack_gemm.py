@@ -15,9 +15,7 @@ are stored unsigned, q + 128, with zero point zp + 128: "qdu8"):
   y = v * x_scale[r] + bias[c], each step rounded to float32.
 
 Here w are the signed weights (stored 4-bit values minus their zero point 8). A fused
-multiply-add is emulated in float64: the product of two float32 is exact there and only
-the sum is rounded (twice, to float64 then float32; that can differ from one rounding only
-when the float64 sum lands exactly on a float32 midpoint).
+multiply-add rounds once: `fma32` in numpy, the CPU's own in the compiled kernels (fma_jit).
 
 Two implementations: numpy (always there; the reference) and numba (the `fast` extra),
 equal bit for bit (tests/kernels/test_xnnpack_gemm.py). `BACKEND` says which one the
@@ -126,8 +124,21 @@ def _shared_site(w: BlockwiseWeight) -> Optional[BlockwiseWeight]:
     return w if w.nbytes >= quantized.SHARE_MIN_BYTES else None
 
 
-def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    return (a.astype(F64) * b.astype(F64) + c.astype(F64)).astype(F32)
+def fma32(a, b, c) -> np.ndarray:
+    """float32 a * b + c rounded once, as the CPU's vfmadd. The product of two float32 is exact
+    in float64; their float64 sum s is rounded there, and rounding s again to float32 could
+    differ from one rounding where s lands on a float32 midpoint. So s is first made round-to-odd
+    (if inexact and its last bit even, one step toward the exact sum, whose error TwoSum gives):
+    rounding that to float32 is the exact sum's single rounding (53 bits >= 24 + 2)."""
+    p, c = np.asarray(a, F64) * np.asarray(b, F64), np.asarray(c, F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + c
+        t = s - p
+        error = (p - (s - t)) + (c - t)
+        bits = np.asarray(s).view(np.int64)
+        inexact_even = (error != 0) & ((bits & 1) == 0) & np.isfinite(s)
+        toward = np.where((error > 0) == (s > 0), 1, -1)  # one step away from 0 or toward it
+        return np.where(inexact_even, bits + toward, bits).view(F64).astype(F32)
 
 
 # ---------------------------------------------------------------------------- numpy reference
@@ -165,7 +176,7 @@ def gemm_blockwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: 
     acc = np.matmul(a, signed.reshape(nb, w.block, w.n))
     v = w.ksum[None, :w.n] * (zp.astype(F32) + F32(UNSIGNED_OFFSET))[:, None]
     for b in range(nb):
-        v = _fma(acc[b], scales[None, b], v)
+        v = fma32(acc[b], scales[None, b], v)
     v = v * x_scale.astype(F32)[:, None]
     return v if bias is None else v + bias.astype(F32)
 
@@ -175,7 +186,7 @@ def gemm_channelwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w
     """q int8 [M, K] x w int8 [N, K] (signed) -> float32 [M, N]."""
     acc = np.matmul(q.astype(F64) - zp.astype(F64)[:, None], w.astype(F64).T)  # exact integers
     scaled = acc.astype(F32) * x_scale.astype(F32)[:, None]
-    return _fma(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
+    return fma32(scaled, w_scale.astype(F32)[None, :], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
 
 
 def channelwise_sums_blas(q: np.ndarray, zp: np.ndarray, w: np.ndarray) -> np.ndarray:

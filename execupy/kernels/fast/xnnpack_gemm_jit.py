@@ -12,6 +12,7 @@ import numba
 import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .fma_jit import fma32
 from .blockwise_jit import PANEL, VNNI, activation_bytes, blockwise_panels, blockwise_rows
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
@@ -125,7 +126,7 @@ def blockwise_tile(a, zp, x_scale, words, scales, ksum, bias, block, out, t):
                     acc[j] += np.int32(a0 * np.int16(row0[j]) + a1 * np.int16(row1[j]))
             sb = tile_scales[b]
             for j in range(width):
-                v[j] = np.float32(np.float64(v[j]) + np.float64(np.float32(acc[j])) * np.float64(sb[j]))
+                v[j] = fma32(np.float32(acc[j]), sb[j], v[j])
         o = out[r, c0:c0 + width]
         for j in range(width):
             o[j] = np.float32(v[j] * x_scale[r]) + bs[j]
@@ -197,8 +198,7 @@ def channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias, p0, p1, o
             xs, o = x_scale[r], out[r]
             for j in range(min(PANEL, n - c0)):
                 a = np.float32(acc[r, j] - zr[r] * wsum[c0 + j])
-                o[c0 + j] = np.float32(np.float64(np.float32(a * xs)) * np.float64(w_scale[c0 + j])
-                                       + np.float64(bias[c0 + j]))
+                o[c0 + j] = fma32(np.float32(a * xs), w_scale[c0 + j], bias[c0 + j])
 
 
 @numba.njit(parallel=True, cache=True)
@@ -215,16 +215,16 @@ def channelwise(q, zp, x_scale, w, w_scale, bias, out):
                 wsum += np.int32(w[c, i])
             acc -= np.int32(zp[r]) * wsum
             scaled = np.float32(np.float32(acc) * x_scale[r])
-            out[r, c] = np.float32(np.float64(scaled) * np.float64(w_scale[c]) + np.float64(bias[c]))
+            out[r, c] = fma32(scaled, w_scale[c], bias[c])
 
 @numba.njit(cache=True)
 def scale_sums(acc, x_scale, w_scale, bias, out):
     # out[r, c] = fma(acc[r, c] * x_scale[r], w_scale[c], bias[c]), as channelwise's last step
-    # (numpy's float64 round trip through temporaries took 1.2 ms for 128 x 1024).
+    # (numpy's float64 steps through temporaries took 1.2 ms for 128 x 1024).
     for r in range(acc.shape[0]):
         a, o, xs = acc[r], out[r], x_scale[r]
         for c in range(acc.shape[1]):
-            o[c] = np.float32(np.float64(np.float32(a[c] * xs)) * np.float64(w_scale[c]) + np.float64(bias[c]))
+            o[c] = fma32(np.float32(a[c] * xs), w_scale[c], bias[c])
 
 
 @numba.njit(cache=True, error_model="numpy")  # a row with inf: scale inf as numpy gives, no ZeroDivisionError
