@@ -32,6 +32,31 @@ def activation_bytes(a, block, xbytes, shifts):
         shifts[b] = np.float32(8) * a[b * block:(b + 1) * block].sum()
 
 
+# q + 128 for eight int8 activations at once (their bytes as one uint64), and the two masks that
+# move a uint64's bytes 0..7 to the order 0 2 4 6 1 3 5 7 (swap bytes 1,2 and 5,6, then 16-bit units 1,2)
+_FLIP, _SWAP_BYTES, _SWAP_PAIRS = np.uint64(0x8080808080808080), np.uint64(0x0000FF000000FF00), np.uint64(0x00000000FFFF0000)
+_EIGHT, _SIXTEEN = np.uint64(8), np.uint64(16)
+
+
+@numba.njit(cache=True, inline="always")
+def activation_bytes_int8(q, block, xbytes, shifts):
+    """activation_bytes of a = q + 128 from the int8 row q [K] itself (C order, K a multiple of 8,
+    x86's byte order): eight inputs' bytes reordered in one uint64, and each block's sum in
+    integers (exact; a loop LLVM vectorises). 4x faster than through float32 a."""
+    src, dst = q.view(np.uint64), xbytes.reshape(-1).view(np.uint64)
+    for w in range(q.shape[0] // 8):
+        x = src[w] ^ _FLIP
+        t = (x ^ (x >> _EIGHT)) & _SWAP_BYTES
+        x = x ^ t ^ (t << _EIGHT)
+        t = (x ^ (x >> _SIXTEEN)) & _SWAP_PAIRS
+        dst[w] = x ^ t ^ (t << _SIXTEEN)  # low word: the even inputs, high word: the odd ones
+    for b in range(shifts.shape[0]):
+        segment, total = q[b * block:(b + 1) * block], 0
+        for i in range(segment.shape[0]):
+            total += segment[i]
+        shifts[b] = np.float32(8) * np.float32(total + 128 * block)
+
+
 @numba.njit(cache=True)
 def _chains_vnni(a, xbytes, shifts, words, scales, per_block, p0, p1, v):
     for p in range(p0, p1):

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .fma_jit import fma32
-from .blockwise_jit import PANEL, VNNI, activation_bytes, blockwise_panels, blockwise_rows
+from .blockwise_jit import PANEL, VNNI, activation_bytes, activation_bytes_int8, blockwise_panels, blockwise_rows
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
 from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
@@ -149,11 +149,9 @@ def blockwise_rows_range(q, zp, x_scale, words, scales, ksum, bias, block, p0, p
     """A prompt's rows against panels p0..p1 through vpdpbusd (blockwise_jit.blockwise_rows; AVX512-VNNI only)."""
     m, k = q.shape
     xbytes, shifts = np.empty((m, k // 8, 2), np.int32), np.empty((m, k // block), np.float32)
-    zr, a = np.empty(m, np.float32), np.empty(k, np.float32)
+    zr = np.empty(m, np.float32)
     for r in range(m):
-        for i in range(k):
-            a[i] = np.float32(q[r, i]) + np.float32(128)  # qdu8's activations
-        activation_bytes(a, block, xbytes[r], shifts[r])
+        activation_bytes_int8(q[r], block, xbytes[r], shifts[r])  # qdu8's activations q + 128
         zr[r] = np.float32(zp[r]) + np.float32(128)
     blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block, p0, p1,
                    np.empty((m, PANEL), np.float32), out)
