@@ -220,6 +220,26 @@ def test_compiled_sigmoid_gelu_and_rsqrt_equal_their_numpy_steps():
         np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, vmath._RSQRT14(a.reshape(-1)).reshape(a.shape)))
 
 
+VMATH_PROBE = """
+import types
+import numpy as np
+from execupy.backends.xnnpack import vmath, vmath_jit
+x = np.linspace(-8, 8, 64, dtype=np.float32)
+vmath.sigmoid(x), vmath.gelu(x)
+K = types.SimpleNamespace(KERNELS={"sigmoid_into": vmath_jit.sigmoid_into, "gelu_into": vmath_jit.gelu_into})
+"""
+
+
+def test_a_second_process_finds_the_compiled_sigmoid_and_gelu_in_numbas_cache(tmp_path):
+    """Module-level kernels: a sigmoid made inside a function, around an fma intrinsic, missed
+    numba's disk cache and was compiled again at every XNNPACK program's load (1.1 s)."""
+    from tests.numba_cache import two_processes_cache_stats
+
+    first, second = two_processes_cache_stats(VMATH_PROBE, tmp_path)
+    assert all(misses > 0 for _, misses in first.values())
+    assert all(hits > 0 and misses == 0 for hits, misses in second.values())
+
+
 def test_the_compiled_rms_norm_tail_equals_its_four_nodes_in_numpy():
     """vmath.rms_tail: (x * rsqrt(mean + eps)) * w in one loop where the CPU has AVX-512F, the
     bits of the Add, ReciprocalSquareRoot and two Multiply nodes (a zero mean + eps: inf times x)."""

@@ -69,49 +69,15 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _compile_sigmoid():
-    """_sigmoid's steps element by element in one compiled loop, each rounded as there (no
-    fastmath; the fmas the CPU's own): a SwiGLU's sigmoid took 40 us in numpy's dozen passes."""
+    """_sigmoid's steps element by element in one compiled loop (vmath_jit.sigmoid_into): a
+    SwiGLU's sigmoid took 40 us in numpy's dozen passes."""
     if quantized.BACKEND != "numba":  # numba not installed, or EXECUPY_NUMBA=0
         return None
-    import numba
+    from . import vmath_jit  # module level: numba's disk cache finds it in the next process
 
-    from ...kernels.fast import jit_cache  # noqa: F401  (before the decorator: our cache stamps)
-    from ...kernels.fast.fma_jit import fma32
-
-    log2e, magic, ln2_hi, ln2_lo, c2, c1, table = _LOG2E, _MAGIC_BIAS, _MINUS_LN2_HI, _MINUS_LN2_LO, _C2, _C1, _TABLE
-    powers = np.ldexp(1.0, np.arange(-151, 1))  # 2**k for k = -151 .. 0, float64
-
-    # error_model="numpy": the division e / (e + 1) unchecked for zero (never zero: e + 1 >= 1, or
-    # NaN), which lets LLVM vectorise the loop: 3.8 -> 0.9 ns an element
-    @numba.njit(cache=True, error_model="numpy")
-    def sigmoid_into(x, out):
-        bits = np.empty(x.size, np.float32)  # n's bits pick the table entry, as _sigmoid's view does
-        for i in range(x.size):
-            bits[i] = fma32(-abs(x[i]), log2e, magic)
-        index = bits.view(np.uint32)
-        for i in range(x.size):
-            z = -abs(x[i])
-            n = bits[i]
-            entry = table[index[i] & np.uint32(31)]
-            n = np.float32(n - magic)
-            t = fma32(n, ln2_hi, z)
-            t = fma32(n, ln2_lo, t)
-            p = fma32(t, c2, c1)
-            t = np.float32(t * entry)
-            p = fma32(t, p, entry)
-            # scalef(p, n) = p * 2**floor(n), exact in float64, rounded once; n <= 0, and from
-            # floor(n) = -151 on, p * 2**floor(n) (p < 2) rounds to 0, as it does for -inf and
-            # NaN (where numpy's ldexp gets INT_MIN and so does p * 0 here, p being finite or NaN)
-            whole = np.floor(n)
-            inside = whole >= -151.0
-            e = np.float32(F64(p) * (powers[np.int64(whole) + 151 if inside else 0] if inside else 0.0))
-            f = np.float32(e / np.float32(e + np.float32(1)))
-            out[i] = f if math.copysign(1.0, x[i]) < 0 else np.float32(np.float32(1) - f)
-
-    return sigmoid_into
+    return vmath_jit.sigmoid_into
 
 
-_SIGMOID = _compile_sigmoid()
 
 # ---------------------------------------------------------------- GELU
 # XNNPACK's f32 GELU (its `f32-vgelu rational_12_10_div` kernels) is x/2 * (1 + r(x)) with r a
@@ -149,7 +115,7 @@ def _compile_gelu():
     return vmath_jit.gelu_into
 
 
-_GELU = _compile_gelu()
+_SIGMOID, _GELU = _compile_sigmoid(), _compile_gelu()  # here: vmath_jit imports the constants above
 
 # ---------------------------------------------------------------- reciprocal square root
 # XNNPACK's f32 rsqrt on AVX-512 starts from the CPU's 14-bit estimate (vrsqrt14ps) and takes

@@ -1,8 +1,10 @@
-"""Compiled kernels of vmath.py (imported only where numba is installed): its GELU, and the
+"""Compiled kernels of vmath.py (imported only where numba is installed): its sigmoid and GELU, and the
 AVX-512 rsqrt, alone and closing an RMSNorm (called only where the CPU has AVX-512F). They are
 module-level functions, which numba's disk cache finds in the next process (as closures they
 were compiled again in every process, 0.4 s in the first forward call)."""
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -12,10 +14,42 @@ from numba.extending import intrinsic
 
 from ...kernels.fast import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from ...kernels.fast.fma_jit import fma32 as _fma
-from .vmath import GELU_BOUND, GELU_DENOMINATOR, GELU_NUMERATOR
+from .vmath import (_C1, _C2, _LOG2E, _MAGIC_BIAS, _MINUS_LN2_HI, _MINUS_LN2_LO, _TABLE, GELU_BOUND,
+                    GELU_DENOMINATOR, GELU_NUMERATOR)
 
 _A11, _A9, _A7, _A5, _A3, _A1 = GELU_NUMERATOR
 _B10, _B8, _B6, _B4, _B2, _B0 = GELU_DENOMINATOR
+
+
+_POWERS = np.ldexp(1.0, np.arange(-151, 1))  # 2**k for k = -151 .. 0, float64
+
+
+# error_model="numpy": the division e / (e + 1) unchecked for zero (never zero: e + 1 >= 1, or
+# NaN), which lets LLVM vectorise the loop: 3.8 -> 0.9 ns an element
+@numba.njit(cache=True, error_model="numpy")
+def sigmoid_into(x, out):
+    # vmath._sigmoid element by element, each operation in float32 as there
+    bits = np.empty(x.size, np.float32)  # n's bits pick the table entry, as _sigmoid's view does
+    for i in range(x.size):
+        bits[i] = _fma(-abs(x[i]), _LOG2E, _MAGIC_BIAS)
+    index = bits.view(np.uint32)
+    for i in range(x.size):
+        z = -abs(x[i])
+        entry = _TABLE[index[i] & np.uint32(31)]
+        n = np.float32(bits[i] - _MAGIC_BIAS)
+        t = _fma(n, _MINUS_LN2_HI, z)
+        t = _fma(n, _MINUS_LN2_LO, t)
+        p = _fma(t, _C2, _C1)
+        t = np.float32(t * entry)
+        p = _fma(t, p, entry)
+        # scalef(p, n) = p * 2**floor(n), exact in float64, rounded once; n <= 0, and from
+        # floor(n) = -151 on, p * 2**floor(n) (p < 2) rounds to 0, as it does for -inf and
+        # NaN (where numpy's ldexp gets INT_MIN and so does p * 0 here, p being finite or NaN)
+        whole = np.floor(n)
+        inside = whole >= -151.0
+        e = np.float32(np.float64(p) * (_POWERS[np.int64(whole) + 151 if inside else 0] if inside else 0.0))
+        f = np.float32(e / np.float32(e + np.float32(1)))
+        out[i] = f if math.copysign(1.0, x[i]) < 0 else np.float32(np.float32(1) - f)
 
 
 @numba.njit(cache=True, error_model="numpy")
