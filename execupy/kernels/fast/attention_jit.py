@@ -29,6 +29,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .rows_jit import is_nan_bits, ordered_key
 
 _LANES = 16
 
@@ -83,12 +84,13 @@ def _scores(q, k, n, m, scale, h0, h1, scores):
 
 
 @numba.njit(cache=True, nogil=True)
-def _lane_sum(e, m):
-    """e[:m] summed as ExecuTorch's kernel does (kv_cache._lane_sum)."""
+def _lane_sum(e, m, lanes):
+    """e[:m] summed as ExecuTorch's kernel does (kv_cache._lane_sum); lanes float32 [16] scratch
+    (allocated by the caller once: an array made per row cost a prompt's softmax ~15%)."""
     whole = m - m % _LANES
     total = np.float32(0)
     if whole:
-        lanes = e[:_LANES].copy()
+        lanes[:] = e[:_LANES]
         for c in range(_LANES, whole, _LANES):
             for j in range(_LANES):
                 lanes[j] += e[c + j]
@@ -101,15 +103,19 @@ def _lane_sum(e, m):
 
 
 @numba.njit(cache=True, nogil=True)
-def _row_max(e, m):
-    """max(e[:m]) as numpy's max takes it: a NaN stays."""
-    top = e[0]
-    for t in range(1, m):
-        if e[t] > top or e[t] != e[t]:
-            top = e[t]
-            if top != top:
-                break
-    return top
+def _row_max(e, m, key):
+    """max(e[:m]) as numpy's max takes it (NaN if there is one), over rows_jit.ordered_key's
+    int32 keys, which LLVM vectorises (a float max that must keep NaN runs a branch an
+    element); of 0.0 and -0.0 it gives 0.0 (e - max and exp(e - max) are the same either way).
+    key int32 [1] scratch."""
+    bits = e.view(np.int32)
+    top, nan = np.int32(-2 ** 31), 0
+    for t in range(m):
+        b = bits[t]
+        top = max(top, ordered_key(b))
+        nan += is_nan_bits(b)
+    key[0] = ordered_key(top)
+    return np.float32(np.nan) if nan else key.view(np.float32)[0]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -125,16 +131,17 @@ def decode_attention_heads(q, k, v, kv_len, scale, block, h0, h1, out):
     row_max = np.empty(heads, np.float32)
     row_sum = np.empty(heads, np.float32)
     acc = np.zeros((heads, dim), np.float32)
+    lanes, key = np.empty(_LANES, np.float32), np.empty(1, np.int32)
     for n in range(0, kv_len, block):
         m = min(block, kv_len - n)
         _scores(q, k, n, m, scale, h0, h1, scores)
         for h in range(heads):
             e = scores[h]
-            new_max = _row_max(e, m)
+            new_max = _row_max(e, m, key)
             if n and (row_max[h] > new_max or row_max[h] != row_max[h]):  # np.maximum, NaN included
                 new_max = row_max[h]
             exp_below(e, m, new_max)
-            total = _lane_sum(e, m)
+            total = _lane_sum(e, m, lanes)
             if n == 0:
                 row_sum[h] = total
             else:
@@ -162,11 +169,12 @@ def causal_softmax_rows(scores, positions, scale, sums):
     ExecuTorch's order over all L (masked keys add zeros). The numpy path made a dozen passes
     over the [G, R, L] scores with temporaries (SmolLM2's 113-token prompt: ~0.35 ms a layer)."""
     groups, rows, width = scores.shape
+    lanes, key = np.empty(_LANES, np.float32), np.empty(1, np.int32)
     for g in range(groups):
         for r in range(rows):
             e, seen = scores[g, r], min(positions[r] + 1, width)  # keys past the position weigh exp(-inf) = 0
             for t in range(seen):
                 e[t] *= scale
             e[seen:] = 0
-            exp_below(e, seen, _row_max(e, seen))
-            sums[g, r] = _lane_sum(e, width)
+            exp_below(e, seen, _row_max(e, seen, key))
+            sums[g, r] = _lane_sum(e, width, lanes)
