@@ -10,7 +10,6 @@ its fused multiply-adds are rounded once (kernels/fast/xnnpack_gemm.fma32).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -18,7 +17,7 @@ import numpy as np
 from ...kernels.fast import quantized
 from ...kernels.fast.xnnpack_gemm import fma32 as _fma
 
-F32, F64 = np.float32, np.float64
+F32 = np.float32
 
 _TABLE = np.array([float.fromhex(h) for h in (
     "0x1.000000p+0", "0x1.059B0Ep+0", "0x1.0B5586p+0", "0x1.11301Ep+0", "0x1.172B84p+0", "0x1.1D4874p+0",
@@ -33,8 +32,6 @@ _MINUS_LN2_HI = F32(float.fromhex("-0x1.62E430p-1"))
 _MINUS_LN2_LO = F32(float.fromhex("0x1.05C61p-29"))
 _C2 = F32(0.5)
 _C1 = F32(float.fromhex("0x1.0000F6p0"))
-
-
 
 
 def _elementwise(compiled: Optional[Callable], steps: Callable[[np.ndarray], np.ndarray], x) -> np.ndarray:
@@ -76,7 +73,6 @@ def _compile_sigmoid():
     from . import vmath_jit  # module level: numba's disk cache finds it in the next process
 
     return vmath_jit.sigmoid_into
-
 
 
 # ---------------------------------------------------------------- GELU
