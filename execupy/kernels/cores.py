@@ -43,6 +43,23 @@ class CallSite:
 
 
 @dataclass
+class PerRow:
+    """A prompt product's call site: its one-thread time kept per row of the prompt, so that a
+    prompt of another length is held to its own share (set `rows` before each call)."""
+
+    per_row_s: float = 0.0
+    rows: int = 1
+
+    @property
+    def serial_s(self) -> float:
+        return self.per_row_s * self.rows
+
+    @serial_s.setter
+    def serial_s(self, seconds: float) -> None:
+        self.per_row_s = seconds / self.rows
+
+
+@dataclass
 class SecondCore:
     BACKOFF_S = 2.0
     # A stall costs many times a call's time (milliseconds for a call of microseconds).

@@ -43,6 +43,35 @@ def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
             np.testing.assert_array_equal(out, reference)
 
 
+# ten panels; one panel and a half (the second thread's half is the partial one); a half of 4000
+# rows that does not fit the thread's buffers (one thread then); q, k and v side by side
+@pytest.mark.parametrize("m, widths, k", [(113, [640], 576), (9, [100], 64), (4000, [576], 576),
+                                          (37, [576, 192, 100], 576)])
+def test_a_prompts_product_shared_with_the_second_thread_equals_one_thread(m, widths, k):
+    """A prompt's qb4w product gives the second half of its panels to the second core's thread
+    (AVX512-VNNI); a panel's outputs depend on the panel alone, so one thread and two agree bit for
+    bit, and both equal the numpy reference."""
+    from execupy.kernels.fast import xnnpack_gemm_jit as K
+    from execupy.kernels.fast.second_thread import SECOND_THREAD
+
+    if not XG.NUMBA["vnni"]:
+        pytest.skip("this CPU (or numba's target) has no AVX512-VNNI: prompts run on numba's own threads here")
+    rng = np.random.default_rng(m + k)
+    q, zp, scale = _activations(rng, m, k)
+    filters = [XG.pack_blockwise(rng.integers(-8, 8, (n, k)).astype(np.int8),
+                                 (rng.random((n, k // 32)) * 0.02 + 1e-4).astype(np.float32)) for n in widths]
+    w = XG.side_by_side(filters)[0] if len(filters) > 1 else filters[0]
+    bias = rng.standard_normal(w.n).astype(np.float32)
+    args = (K.BLOCKWISE_SECOND_HALF.address, q, zp, scale, w.words, w.scales, w.ksum, bias, w.block)
+    alone = np.empty((m, w.n), np.float32)
+    assert not SECOND_THREAD.call(K.blockwise_rows_halves, (*args, alone), False)
+    np.testing.assert_array_equal(alone, XG.gemm_blockwise_numpy(q, zp, scale, w, bias))
+    for _ in range(10):  # the thread is spinning after the first: later calls are shared for real
+        shared = np.full((m, w.n), np.nan, np.float32)
+        assert SECOND_THREAD.call(K.blockwise_rows_halves, (*args, shared), True)
+        np.testing.assert_array_equal(shared, alone)
+
+
 @pytest.mark.parametrize("variant", ["_chains_float", "_chains_vnni"])
 def test_both_panel_kernels_equal_numpy(variant):
     """The decode mat-vec's panels, through vpdpbusd where the CPU has AVX512-VNNI and through
@@ -107,18 +136,15 @@ def test_channelwise_numba_equals_numpy(m, n, k, bits):
 
 
 @pytest.mark.parametrize("m, n, k", [(4, 64, 64), (5, 70, 96), (13, 200, 30), (128, 1024, 256), (128, 256, 1024)])
-@pytest.mark.parametrize("halves", [False, True])
-def test_bound_channelwise_equals_numpy(m, n, k, halves):
+def test_bound_channelwise_equals_numpy(m, n, k):
     """bind_channelwise: a prompt's rows through vpdpbusd where the CPU has AVX512-VNNI (four at a
-    time, then the rest; N and K not whole panels and quads included), in two halves at once when
-    given a way to run two calls; elsewhere and for fewer rows, gemm_channelwise."""
-    from execupy.runtime import blas_threads
-
+    time, then the rest; N and K not whole panels and quads included); elsewhere and for fewer
+    rows, gemm_channelwise."""
     rng = np.random.default_rng(m * n + k)
     q, zp, scale = _activations(rng, m, k)
     w = rng.integers(-127, 128, (n, k)).astype(np.int8)
     w_scale, bias = (rng.random(n) * 0.1).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    product = XG.bind_channelwise(w, w_scale, bias, blas_threads.at_once if halves else None)
+    product = XG.bind_channelwise(w, w_scale, bias)
     np.testing.assert_array_equal(product(q, zp, scale), XG.gemm_channelwise_numpy(q, zp, scale, w, w_scale, bias))
     extremes = np.full((m, k), 127, np.int8), np.full(m, -128, np.int32)  # the largest terms: (127 + 128) * -127
     w_low = np.full((n, k), -127, np.int8)
@@ -274,6 +300,10 @@ for rows in (3, 8):  # the numba kernel, then BLAS sums scaled by numba
                             rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
 XG.bind_channelwise(rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)(
     q.repeat(3, axis=0), zp.repeat(3), scale.repeat(3))  # a prompt's rows through vpdpbusd, where the CPU has it
+if XG.NUMBA["vnni"]:  # the second thread's half of a prompt's rows: a C function, compiled (or loaded) at import
+    from types import SimpleNamespace as NS
+    hits = K.BLOCKWISE_SECOND_HALF.cache_hits
+    K.KERNELS["BLOCKWISE_SECOND_HALF"] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
 """
 
 
@@ -285,8 +315,9 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
     from execupy.kernels.fast.vnni_jit import VNNI
 
-    prompt_kernels = {"blockwise_rows_range", "channelwise_rows_range"} if VNNI else {"blockwise_tiles",
-                                                                                     "blockwise_tiles_parallel"}
+    # a prompt's rows: through vpdpbusd (the second thread's half a C function) where the CPU has it
+    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows_range", "BLOCKWISE_SECOND_HALF"} if VNNI
+                      else {"blockwise_tiles", "blockwise_tiles_parallel"})
     assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "channelwise", "scale_sums",
                           "quantize_rows"} | prompt_kernels
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one

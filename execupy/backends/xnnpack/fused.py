@@ -22,7 +22,6 @@ import numpy as np
 
 from ...kernels.fast import compiled_decode, rotate_pairs
 from ...kernels.fast import xnnpack_gemm as XG
-from ...runtime import blas_threads
 from . import vmath
 from .nodes import BUILDERS, NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w, reads
 from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
@@ -160,7 +159,7 @@ def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Optional[Step]:
     both, starts = XG.side_by_side(packed)
     src = g.fused_quantize[nodes[0].fields["input1_id"]]
     parts = [(n.fields["output_id"], start, w.n) for n, start, w in zip(nodes, starts, packed)]
-    from_float, k_in = XG.bind_blockwise_from_float(both, None, blas_threads.at_once), both.k
+    from_float, k_in = XG.bind_blockwise_from_float(both, None), both.k
 
     def sibling_products_step(vals: list) -> None:
         x = vals[src]

@@ -507,8 +507,8 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     n_out, n_in = w_signed.shape
     if g.values[w_id].datatype == "qbint4":
         packed = pack_qb4w(w_signed, scales)
-        product = XG.bind_blockwise(packed, bias, blas_threads.at_once)
-        from_float = XG.bind_blockwise_from_float(packed, bias, blas_threads.at_once)
+        product = XG.bind_blockwise(packed, bias)
+        from_float = XG.bind_blockwise_from_float(packed, bias)
     else:
         w_scale = scales.reshape(n_out).astype(F32)
         # On one thread: an encoder's attention runs BLAS products between these, and OpenBLAS's

@@ -90,13 +90,13 @@ def blockwise_panels(a, xbytes, shifts, words, scales, ksum, zr, block, p0, p1, 
 
 
 @numba.njit(cache=True, nogil=True)
-def blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block, p0, p1, v, out):
-    """out[:, panels p0..p1's columns] for every row of a prompt, with AVX512-VNNI only
-    (panel_chain_rows: ROWS rows at a time, the rest one by one). xbytes [M, K/8, 2], shifts
-    [M, blocks] and zr [M] are each row's activation_bytes and zp + 128; v [M, PANEL] scratch.
-    Each output is blockwise_panels' chain, then times the row's scale plus the bias, as the
-    mat-vec finishes it: the same bits."""
-    m, n, per = xbytes.shape[0], out.shape[1], block // 8
+def blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block, p0, p1, v, out, col0):
+    """out[:, panels p0..p1's columns - col0] for every row of a prompt, with AVX512-VNNI only
+    (panel_chain_rows: ROWS rows at a time, the rest one by one); out float32 [M, N - col0] holds
+    the outputs from column col0 on. xbytes [M, K/8, 2], shifts [M, blocks] and zr [M] are each
+    row's activation_bytes and zp + 128; v [M, PANEL] scratch. Each output is blockwise_panels'
+    chain, then times the row's scale plus the bias, as the mat-vec finishes it: the same bits."""
+    m, n, per = xbytes.shape[0], col0 + out.shape[1], block // 8
     for p in range(p0, p1):
         for r in range(m):
             for j in range(PANEL):
@@ -112,4 +112,4 @@ def blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block
         for r in range(m):
             o, chain, xs = out[r], v[r], x_scale[r]
             for j in range(min(PANEL, n - c0)):
-                o[c0 + j] = np.float32(chain[j] * xs) + bias[c0 + j]
+                o[c0 - col0 + j] = np.float32(chain[j] * xs) + bias[c0 + j]

@@ -116,14 +116,19 @@ JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size,
 # BLOCKWISE: words, scales, ksum; k, n (panels * PANEL), -, block (and zp + 128 in xbuf[k]). ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
 # ATTENTION_BLOCK; the query in xbuf[:H * D], its scale after it)
 # WHOLE: a GROUPED weight's whole mat-vec (the second of a pair reading the same x), fields as GROUPED.
-KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w), ATTENTION, WHOLE
+# CALL: the C function at JOB_FN (a numba.cfunc of 12 int64) runs the second half, given the eight
+# JOB fields as the caller set them, then xbuf's and scratch's addresses and sizes: how kernels this
+# module does not know post a job (xnnpack_gemm_jit's prompt rows). It may read only xbuf and its
+# fields' arrays, and write only scratch.
+KIND = JOB + 8  # GROUPED (quantized_jit's layouts), DENSE (float32 [n, k]), BLOCKWISE (XNNPACK qb4w), ATTENTION, WHOLE, CALL
 ATTENTION_BLOCK = KIND + 1
 # Written once (control_block): the addresses of the three halves' compiled copies (see "one copy").
 GROUPED_HALF_AT, DENSE_ROWS_AT, ATTENTION_HEADS_AT = KIND + 2, KIND + 3, KIND + 4
+JOB_FN = KIND + 5
 CTRL_SLOTS = 48
 ASLEEP, SPINNING, QUIT = 0, 1, 2
 PENDING, DONE, TAKEN_BACK = 0, 1, 2
-GROUPED, DENSE, BLOCKWISE, ATTENTION, WHOLE = 0, 1, 2, 3, 4
+GROUPED, DENSE, BLOCKWISE, ATTENTION, WHOLE, CALL = 0, 1, 2, 3, 4, 5
 HERE, THERE, TAKEN = 0, 1, 2  # where a job's second half ran: see second_half_where
 # A caller waits for the second thread's half at most this many cycles, or three times its own
 # half, whichever is longer, then takes the half back and runs it itself: a second thread that
@@ -280,7 +285,13 @@ def _run_second_half(ctrl, seq, xbuf, scratch):
     kind, k, n = ctrl[KIND], ctrl[JOB + 3], ctrl[JOB + 4]
     groups, group_size, rows_per_word = ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7]
     address, second, third, block = ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2], ctrl[ATTENTION_BLOCK]
+    fn = ctrl[JOB_FN]
     if not compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
+        return
+    if kind == CALL:
+        call_at(fn, (address, second, third, k, n, groups, group_size, rows_per_word,
+                     xbuf.ctypes.data, np.int64(xbuf.shape[0]), scratch.ctypes.data, np.int64(scratch.shape[0])))
+        compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)
         return
     x = xbuf[:k]
     if kind == ATTENTION:  # fields renamed: heads, cache rows, KV heads, kv_len
@@ -346,12 +357,18 @@ def _sum_into(out, first, second):
 def post_job(ctrl, xbuf, x, kind, address, k, n):
     """Post a job on x (copied: the second thread reads its own x, which may be gone when a
     taken-back half ends); the caller sets the kind's other fields first. Returns its number."""
-    seq = ctrl[SEQ] + 1
     xbuf[:k] = x
     ctrl[KIND], ctrl[JOB], ctrl[JOB + 3], ctrl[JOB + 4] = kind, address, k, n
+    return publish(ctrl)
+
+
+@numba.njit(cache=True, inline="always")
+def publish(ctrl):
+    """Post the job whose fields (and xbuf) the caller has written. Returns its number."""
+    seq = ctrl[SEQ] + 1
     store_release(ctrl, RESULT, seq * 4 + PENDING)
     store_release(ctrl, CLAIM, seq * 2)
-    store_release(ctrl, SEQ, seq)  # published: everything above is visible before it
+    store_release(ctrl, SEQ, seq)  # published: everything written before is visible before it
     return seq
 
 

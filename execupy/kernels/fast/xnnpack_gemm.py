@@ -24,15 +24,16 @@ public functions use.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 
+from .. import cores
 from . import quantized
 
-# Below this many multiply-adds a second thread costs more to wake than it saves on 2 shared
-# cores (a decode-sized product runs on one thread; prefill-sized ones use every numba thread).
+# Below this many multiply-adds a prompt's product runs on one thread: sharing it with the second
+# core's thread (handing over the rows, copying its half back) costs more than the half saves.
 PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
 
 F32, F64 = np.float32, np.float64
@@ -72,6 +73,7 @@ class BlockwiseWeight:
     block: int
     n: int
     serial_s: float = 0.0  # the last one-thread mat-vec on it, seconds (0: none yet); see kernels/cores.py
+    prompt: cores.PerRow = field(default_factory=cores.PerRow)  # its prompts' call site for the same rule
 
     @property
     def k(self) -> int:
@@ -122,6 +124,12 @@ def _shared_site(w: BlockwiseWeight) -> Optional[BlockwiseWeight]:
     """w as its mat-vec's call site for kernels/cores.py's rule when it is big enough to share
     with the second core (quantized.SHARE_MIN_BYTES), else None: one thread."""
     return w if w.nbytes >= quantized.SHARE_MIN_BYTES else None
+
+
+def _prompt_site(site: cores.PerRow, rows: int) -> cores.PerRow:
+    """A prompt product's call site for kernels/cores.py's rule, held to `rows` rows' share."""
+    site.rows = rows
+    return site
 
 
 def fma32(a, b, c) -> np.ndarray:
@@ -224,18 +232,19 @@ def _compile() -> Optional[dict[str, Callable]]:
         K.quantize_rows(np.ascontiguousarray(x, F32), q, scale, zero)
         return q, scale, zero
 
-    def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias, both: Optional[Both] = None):
+    def blockwise(q, zp, x_scale, w: BlockwiseWeight, bias):
         q, m = np.ascontiguousarray(q, np.int8), q.shape[0]
         out = np.empty((m, w.n), F32)
-        bias = np.zeros(w.n, F32) if bias is None else np.asarray(bias, F32)
+        bias = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
         zp, x_scale = np.asarray(zp, np.int32), np.asarray(x_scale, F32)
         if m < MATVEC_MAX_ROWS:
             blockwise_matvec(q, zp, x_scale, w, bias, out)
             return out
         parallel = m * w.n * w.k >= PARALLEL_MIN_MACS
         if VNNI:  # four rows at a time through vpdpbusd, each word row unpacked once for them
-            in_halves(lambda p0, p1: K.blockwise_rows_range(q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block,
-                                                            p0, p1, out), w.words.shape[0], both if parallel else None)
+            SECOND_THREAD.run(K.blockwise_rows_halves, (K.BLOCKWISE_SECOND_HALF.address, q, zp, x_scale, w.words,
+                                                        w.scales, w.ksum, bias, w.block, out),
+                              _prompt_site(w.prompt, m) if parallel else None)
             return out
         run = K.blockwise_tiles_parallel if parallel and numba.get_num_threads() > 1 else K.blockwise_tiles
         a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
@@ -273,11 +282,10 @@ def _compile() -> Optional[dict[str, Callable]]:
             "quantize_rows": quantize_rows, "vnni": VNNI}
 
 
-def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray], both: Optional[Both] = None) -> Callable[
+def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[
         [np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     """(q, zp, x_scale) -> the product with w (+ bias), bound once: a decode step calls a
-    SmolLM2's 211 of them per token, each a mat-vec of a few microseconds. A prompt's rows run
-    in two halves through `both` when it is given."""
+    SmolLM2's 211 of them per token, each a mat-vec of a few microseconds."""
     if NUMBA is None:
         return lambda q, zp, x_scale: gemm_blockwise_numpy(q, zp, x_scale, w, bias)
     matvec, general = NUMBA["blockwise_matvec"], NUMBA["blockwise"]
@@ -286,7 +294,7 @@ def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray], both: Optiona
     def product(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray) -> np.ndarray:
         if q.shape[0] < MATVEC_MAX_ROWS:  # q int8, zp int32, x_scale float32 as quantize_rows makes them
             return matvec(q, zp, x_scale, w, bias_or_zeros, np.empty((q.shape[0], w.n), F32))
-        return general(q, zp, x_scale, w, bias, both)
+        return general(q, zp, x_scale, w, bias)
 
     return product
 
@@ -307,12 +315,12 @@ def channelwise_words(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             padded.sum(axis=1, dtype=np.int32))
 
 
-def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarray],
-                     both: Optional[Both] = None) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarray]) -> Callable[
+        [np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     """(q, zp, x_scale) -> gemm_channelwise with w int8 [N, K] (signed), bound once: with
     AVX512-VNNI a prompt's rows (from vnni_jit.ROWS on) run through vpdpbusd on weights laid out
-    for it here (xnnpack_gemm_jit.channelwise_rows_range), in two halves through `both` when
-    given; other calls as gemm_channelwise."""
+    for it here (xnnpack_gemm_jit.channelwise_rows_range), on one thread; other calls as
+    gemm_channelwise."""
     w_scale = np.ascontiguousarray(w_scale, F32)
     general = lambda q, zp, x_scale: gemm_channelwise(q, zp, x_scale, w, w_scale, bias)
     if NUMBA is None or not NUMBA["vnni"] or w.shape[1] > MAX_VNNI_INPUTS:
@@ -329,9 +337,7 @@ def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarr
             return general(q, zp, x_scale)
         q, zp, x_scale = np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32), np.asarray(x_scale, F32)
         out = np.empty((m, n), F32)
-        in_halves(lambda p0, p1: K.channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias_or_zeros, p0, p1,
-                                                          out), words.shape[0],
-                  both if m * n * w.shape[1] >= PARALLEL_MIN_MACS else None)
+        K.channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias_or_zeros, 0, words.shape[0], out)
         return out
 
     return product
@@ -347,10 +353,9 @@ def quantizing(product: Callable) -> Callable[[np.ndarray], np.ndarray]:
     return quantized_product
 
 
-def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray],
-                              both: Optional[Both] = None) -> Callable[[np.ndarray], np.ndarray]:
-    """`quantizing(bind_blockwise(w, bias, both))`, where a decode step's few rows take one compiled call."""
-    quantized_product = quantizing(bind_blockwise(w, bias, both))
+def bind_blockwise_from_float(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """`quantizing(bind_blockwise(w, bias))`, where a decode step's few rows take one compiled call."""
+    quantized_product = quantizing(bind_blockwise(w, bias))
     if NUMBA is None:
         return quantized_product
     _warm_up()
@@ -405,21 +410,6 @@ def _warm_up() -> None:
     from . import decode_jit
 
     decode_jit.warm_up()
-
-
-# Runs two calls at once, one on another thread (runtime/blas_threads.at_once, which the XNNPACK
-# backend passes in: a worker thread that sleeps between calls, where numba's own pool kept
-# spinning beside the BLAS products of a prompt's attention and each slowed the other).
-Both = Callable[[Callable[[], object], Callable[[], object]], None]
-
-
-def in_halves(run: Callable[[int, int], None], panels: int, both: Optional[Both]) -> None:
-    """run(p0, p1) over panels 0..panels: in two halves at once through `both`, else in one call."""
-    if both is None or panels < 2:
-        run(0, panels)
-        return
-    middle = panels // 2
-    both(lambda: run(0, middle), lambda: run(middle, panels))
 
 
 # Compiled where the grouped kernels are (numba installed, EXECUPY_NUMBA not 0).

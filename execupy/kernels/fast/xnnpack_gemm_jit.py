@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import types
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .fma_jit import fma32
 from .blockwise_jit import PANEL, VNNI, activation_bytes, activation_bytes_int8, blockwise_panels, blockwise_rows
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
-from .second_thread_jit import BLOCKWISE, HERE, JOB, TAKEN, THERE, post_job, second_half_where, cycles
+from .second_thread_jit import (BLOCKWISE, CALL, HERE, JOB, JOB_FN, KIND, TAKEN, THERE, _pointer, cycles, post_job,
+                               publish, second_half_where)
 from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
 assert LAID_OUT == PANEL and TILE % PANEL == 0
@@ -144,17 +146,110 @@ def blockwise_tiles_parallel(a, zp, x_scale, words, scales, ksum, bias, block, o
         blockwise_tile(a, zp, x_scale, words, scales, ksum, bias, block, out, t)
 
 
+# ---------------------------------------------------------------- a prompt's rows, qb4w: both cores (AVX512-VNNI only)
+# The caller writes the rows' activations into the second core's thread's xbuf, as the products
+# read them, posts a CALL job (second_thread_jit) naming the C function below, then computes the
+# first half of the weight's panels into out while the thread computes the second half into its
+# scratch, [M, N - col] from column col = middle * PANEL; the caller copies those over, or computes
+# them itself (second_thread_jit's rules: a thread asleep, busy or too slow). A panel's outputs
+# depend on the panel alone, so one thread and two give the same bits. Job fields, in JOB order:
+# the addresses of the weight's words, scales and ksum and of the bias, then M, K, N and the block.
+
+
+@numba.njit(cache=True, inline="always")
+def _blockwise_activations(at, m, k, block):
+    # xbytes int32 [M, K/8, 2], shifts float32 [M, K/block], zr and x_scale float32 [M], one after
+    # another from address `at`: m * (k // 4 + k // block + 2) words of 4 bytes
+    quads, blocks = m * (k // 4), m * (k // block)
+    return (numba.carray(_pointer(at), (m, k // 8, 2), np.int32),
+            numba.carray(_pointer(at + 4 * quads), (m, k // block), np.float32),
+            numba.carray(_pointer(at + 4 * (quads + blocks)), m, np.float32),
+            numba.carray(_pointer(at + 4 * (quads + blocks + m)), m, np.float32))
+
+
+@numba.njit(cache=True, inline="always")
+def _post_rows_job(ctrl, second_half, a0, a1, a2, a3, m, k, n, block):
+    ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2], ctrl[JOB + 3] = a0, a1, a2, a3
+    ctrl[JOB + 4], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = m, k, n, block
+    ctrl[KIND], ctrl[JOB_FN] = CALL, second_half
+    return publish(ctrl)
+
+
+@numba.njit(cache=True, inline="always")
+def _columns_from(scratch, out, col):
+    # out[:, col:] = the second half's outputs, [M, N - col] in scratch
+    m, n = out.shape
+    width = n - col
+    for r in range(m):
+        o = out[r]
+        for j in range(width):
+            o[col + j] = scratch[r * width + j]
+
+
 @numba.njit(cache=True, nogil=True)
-def blockwise_rows_range(q, zp, x_scale, words, scales, ksum, bias, block, p0, p1, out):
-    """A prompt's rows against panels p0..p1 through vpdpbusd (blockwise_jit.blockwise_rows; AVX512-VNNI only)."""
+def blockwise_rows_halves(ctrl, xbuf, scratch, second_half, q, zp, x_scale, words, scales, ksum, bias, block, out,
+                          share):
+    """out [M, N] = a prompt's rows q int8 [M, K] (zero points zp, scales x_scale) times a qb4w
+    weight through vpdpbusd (blockwise_jit.blockwise_rows); with `share` the second half of its
+    panels on the second core's thread (`second_half`: BLOCKWISE_SECOND_HALF's address). Returns
+    1 when the half was taken back."""
     m, k = q.shape
-    xbytes, shifts = np.empty((m, k // 8, 2), np.int32), np.empty((m, k // block), np.float32)
-    zr = np.empty(m, np.float32)
+    n, panels = out.shape[1], words.shape[0]
+    middle = panels // 2
+    col = middle * PANEL
+    share = (share and middle > 0 and panels == -(-n // PANEL) and m * (k // 4 + k // block + 2) <= xbuf.shape[0]
+             and m * (n - col) <= scratch.shape[0])
+    if share:
+        xbytes, shifts, zr, xs = _blockwise_activations(xbuf.ctypes.data, m, k, block)
+    else:
+        xbytes, shifts = np.empty((m, k // 8, 2), np.int32), np.empty((m, k // block), np.float32)
+        zr, xs = np.empty(m, np.float32), np.empty(m, np.float32)
     for r in range(m):
         activation_bytes_int8(q[r], block, xbytes[r], shifts[r])  # qdu8's activations q + 128
-        zr[r] = np.float32(zp[r]) + np.float32(128)
-    blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block, p0, p1,
-                   np.empty((m, PANEL), np.float32), out)
+        zr[r], xs[r] = np.float32(zp[r]) + np.float32(128), x_scale[r]
+    v = np.empty((m, PANEL), np.float32)
+    if not share:
+        blockwise_rows(xbytes, shifts, zr, xs, words, scales, ksum, bias, block, 0, panels, v, out, 0)
+        return 0
+    seq = _post_rows_job(ctrl, second_half, words.ctypes.data, scales.ctypes.data, ksum.ctypes.data,
+                         bias.ctypes.data, m, k, n, block)
+    start = cycles()
+    blockwise_rows(xbytes, shifts, zr, xs, words, scales, ksum, bias, block, 0, middle, v, out, 0)
+    where = second_half_where(ctrl, seq, start)
+    if where == THERE:
+        _columns_from(scratch, out, col)
+    else:
+        blockwise_rows(xbytes, shifts, zr, xs, words, scales, ksum, bias, block, middle, panels, v, out, 0)
+    return 1 if where == TAKEN else 0
+
+
+_HALF_SIGNATURE = types.void(*[types.int64] * 12)  # second_thread_jit's CALL: the job's fields, xbuf, scratch
+
+
+def _blockwise_second_half(words_at, scales_at, ksum_at, bias_at, m, k, n, block, xbuf_at, xbuf_size, scratch_at,
+                           scratch_size):
+    panels = -(-n // PANEL)
+    middle, blocks = panels // 2, k // block
+    col = middle * PANEL
+    if m * (k // 4 + blocks + 2) > xbuf_size or m * (n - col) > scratch_size:
+        return
+    xbytes, shifts, zr, xs = _blockwise_activations(xbuf_at, m, k, block)
+    blockwise_rows(xbytes, shifts, zr, xs, numba.carray(_pointer(words_at), (panels, k // 8, PANEL), np.uint32),
+                   numba.carray(_pointer(scales_at), (panels, blocks, PANEL), np.float32),
+                   numba.carray(_pointer(ksum_at), panels * PANEL, np.float32),
+                   numba.carray(_pointer(bias_at), n, np.float32), block, middle, panels,
+                   np.empty((m, PANEL), np.float32), numba.carray(_pointer(scratch_at), (m, n - col), np.float32), col)
+
+
+# The second half as a C function (compiled at import, or read from numba's cache), only where the
+# CPU has AVX512-VNNI: elsewhere LLVM would abort on its instructions.
+if VNNI:
+    BLOCKWISE_SECOND_HALF = numba.cfunc(_HALF_SIGNATURE, cache=True)(_blockwise_second_half)
+
+
+# ---------------------------------------------------------------- a prompt's rows, qc8w: one thread
+# (shared with the second core's thread as above, ExecuTorch's int8 BERT ran no faster: its
+# products are small, and the thread then spun beside the attention's BLAS threads)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -260,5 +355,5 @@ def quantize_rows(x, q, scale, zero):
 KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float,
            "channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
            # a prompt's rows: through vpdpbusd where the CPU has it, else a tile of unpacked weights at a time
-           **({"blockwise_rows_range": blockwise_rows_range, "channelwise_rows_range": channelwise_rows_range}
+           **({"blockwise_rows_halves": blockwise_rows_halves, "channelwise_rows_range": channelwise_rows_range}
               if VNNI else {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel})}
