@@ -231,3 +231,17 @@ def test_xnnpack_nodes_run_as_in_executorch(programs, name):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
         atol = _tolerance(case, theirs, graphs)
         np.testing.assert_allclose(ours.astype(np.float64), theirs.astype(np.float64), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("name", ["int8_int4_group32_stress", "int8_int4_group32_wide"])
+def test_qb4w_filters_packed_from_their_values_give_executorchs_bits_too(programs, name, monkeypatch):
+    """A qb4w filter is packed straight from its stored bytes where they lie [out, in / 2]; one
+    stored otherwise (transposed) is unpacked and packed from its values: the same bits."""
+    from execupy.backends.xnnpack.runtime import GraphContext
+
+    monkeypatch.setattr(GraphContext, "nibbles", lambda self, i: None)  # every filter the other way
+    folder, report = programs
+    assert report[name] == "ok", f"ExecuTorch could not lower or run the case: {report[name]}"
+    _, expected, got = worker_case_outputs(folder, name)
+    for ours, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(ours, theirs)

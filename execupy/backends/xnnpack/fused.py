@@ -23,7 +23,7 @@ import numpy as np
 from ...kernels.fast import compiled_decode, rotate_pairs
 from ...kernels.fast import xnnpack_gemm as XG
 from . import vmath
-from .nodes import BUILDERS, NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, filter_matrix, pack_qb4w, reads
+from .nodes import BUILDERS, NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, pack_qb4w, reads
 from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
 
 
@@ -152,8 +152,7 @@ def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Optional[Step]:
     the columns of its filter: the bits each node's own product gives. None when their packed
     filters differ in inputs or block after all (the group was formed from the values' metadata)."""
     nodes = [graph.nodes[k] for k in ks]
-    packed = [pack_qb4w((filter_matrix(n, g).astype(np.int16) - 8).astype(np.int8), g.scales(n.fields["filter_id"]))
-              for n in nodes]
+    packed = [pack_qb4w(n, g) for n in nodes]
     if len({(w.k, w.block) for w in packed}) != 1:
         return None
     both, starts = XG.side_by_side(packed)

@@ -365,8 +365,8 @@ def _sdpa(node: Node, g) -> Step:
 
 
 def _convert(node: Node, g) -> Step:
-    src, dst = g.values[node.fields["input_id"]], g.values[node.fields["output_id"]]
     out = node.fields["output_id"]
+    dst = g.values[out]
     if out in g.fused_quantize:  # the FullyConnected reading it quantizes its input itself
         return NOTHING
     if dst.datatype == "qdint8":
@@ -395,12 +395,12 @@ def _fully_connected(node: Node, g) -> Step:
     f = node.fields
     x_id, w_id, b_id, out = f["input1_id"], f["filter_id"], f["bias_id"], f["output_id"]
     x_val, w_val, out_val = g.values[x_id], g.values[w_id], g.values[out]
-    w = filter_matrix(node, g)
     has_bias = _present(g, b_id)
+    if x_val.datatype == "qdint8":
+        return _fc_dynamic_quant(node, g, has_bias)
+    w = filter_matrix(node, g)
     if x_val.datatype in ("qint8", "quint8"):
         return _fc_static_quant(node, g, w, has_bias)
-    if x_val.datatype == "qdint8":
-        return _fc_dynamic_quant(node, g, w, has_bias)
     if w_val.datatype not in ("fp32", "fp16"):
         raise UnsupportedOperatorError(
             f"XnnpackBackend: FullyConnected with {x_val.datatype} input and {w_val.datatype} filter")
@@ -450,7 +450,7 @@ def _fc_bias_folded(node: Node, g, wt: np.ndarray, bias: np.ndarray) -> Step:
 
 def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     f = node.fields
-    x_val, w_val, out_val = g.values[f["input1_id"]], g.values[f["filter_id"]], g.values[f["output_id"]]
+    x_val, out_val = g.values[f["input1_id"]], g.values[f["output_id"]]
     x_zp = x_val.quant.zero_point
     wt = (w.astype(np.float64) - g.filter_zero_point(f["filter_id"])).T  # [in, out]
     bias = g.const(f["bias_id"], "FullyConnected bias").astype(np.float64) if has_bias else 0.0
@@ -495,22 +495,22 @@ def _requant_scale(x_val, w_scales: np.ndarray, out_val) -> np.ndarray:
     return (F32(x_val.quant.scale[0]) * w_scales.astype(F32) / F32(out_val.quant.scale[0])).astype(F32)
 
 
-def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
+def _fc_dynamic_quant(node: Node, g, has_bias: bool) -> Step:
     """qd8 input x qc8w/qc4w/qb4w filter -> fp32, with XNNPACK's own arithmetic bit for bit
     (execupy/kernels/fast/xnnpack_gemm.py says what that is)."""
     f = node.fields
     w_id, out, x_id = f["filter_id"], f["output_id"], f["input1_id"]
-    w_signed = (w.astype(np.int16) - g.filter_zero_point(w_id)).astype(np.int8)
-    scales = g.scales(w_id)
     bias = g.const(f["bias_id"], "FullyConnected bias").astype(F32) if has_bias else None
     lo, hi = F32(node.output_min), F32(node.output_max)
-    n_out, n_in = w_signed.shape
     if g.values[w_id].datatype == "qbint4":
-        packed = pack_qb4w(w_signed, scales)
+        packed = pack_qb4w(node, g)
+        n_out, n_in = packed.n, packed.k
         product = XG.bind_blockwise(packed, bias)
         from_float = XG.bind_blockwise_from_float(packed, bias)
     else:
-        w_scale = scales.reshape(n_out).astype(F32)
+        w_signed = (filter_matrix(node, g).astype(np.int16) - g.filter_zero_point(w_id)).astype(np.int8)
+        n_out, n_in = w_signed.shape
+        w_scale = g.scales(w_id).reshape(n_out).astype(F32)
         # On one thread: an encoder's attention runs BLAS products between these, and OpenBLAS's
         # spinning threads then held the core a second one wanted (BERT int8: 0.45 ms for a
         # 128 x 256 x 256 product that takes 0.04)
@@ -538,16 +538,27 @@ def _fc_dynamic_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     return step
 
 
-def pack_qb4w(w_signed: np.ndarray, scales: np.ndarray) -> XG.BlockwiseWeight:
-    """A qb4w filter's signed values [out, in] and block scales, checked and packed for the products."""
-    n_in = w_signed.shape[1]
+def pack_qb4w(node: Node, g) -> XG.BlockwiseWeight:
+    """A qb4w FullyConnected's filter and block scales, checked and packed for the products:
+    straight from the stored bytes where they are [out, in / 2] (xnnpack_gemm.pack_blockwise_stored),
+    else from the filter's values."""
+    w_id = node.fields["filter_id"]
+    scales = g.scales(w_id)
+    nibbles = None if node.fields["flags"] & TRANSPOSE_WEIGHTS else g.nibbles(w_id)
+    stored = filter_matrix(node, g) if nibbles is None else None  # values 0..15, [out, in]
+    n_out, n_in = (nibbles.shape[0], nibbles.shape[1] * 2) if nibbles is not None else stored.shape
+    if scales.ndim != 2 or scales.shape[0] != n_out or scales.shape[1] == 0:
+        raise MalformedProgramError(f"XnnpackBackend: FullyConnected filter (value {w_id}) has {n_out} outputs but "
+                                    f"block scales of shape {list(scales.shape)}")
     if n_in % scales.shape[1] or (n_in // scales.shape[1]) % XG.KSUM_CHUNK:
         raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with {scales.shape[1]} blocks over "
                                        f"{n_in} inputs (XNNPACK needs blocks of a multiple of {XG.KSUM_CHUNK})")
     if n_in // scales.shape[1] > XG.MAX_EXACT_BLOCK:
         raise UnsupportedOperatorError(f"XnnpackBackend: FullyConnected with blocks of {n_in // scales.shape[1]} "
                                        f"inputs (execupy sums a block exactly up to {XG.MAX_EXACT_BLOCK})")
-    return XG.pack_blockwise(w_signed, scales)
+    if nibbles is not None:
+        return XG.pack_blockwise_stored(nibbles, scales)
+    return XG.pack_blockwise((stored.astype(np.int16) - 8).astype(np.int8), scales)
 
 
 # ---------------------------------------------------------------- convolution

@@ -155,6 +155,9 @@ class GraphContext:
     def __init__(self, graph: Graph, named_data: Callable[[str], memoryview]):
         self.graph, self.values, self.named_data = graph, graph.values, named_data
         self.constants: dict[int, np.ndarray] = {}
+        # 4-bit constants as stored, uint8 [rows, ceil(cols / 2)]: unpacked into `constants` only when a
+        # node asks for them (const); a qb4w filter is packed straight from these bytes (nibbles)
+        self.four_bit: dict[int, np.ndarray] = {}
         self._scales: dict[int, np.ndarray] = {}
         self.fused_quantize = _fused_quantize(graph)
 
@@ -184,7 +187,7 @@ class GraphContext:
         shape = tuple(value.dims)
         count = math.prod(shape)
         if value.datatype in FOUR_BIT:
-            return _unpack_4bit(raw, shape, f"value {i}")
+            return _packed_4bit(raw, shape, f"value {i}")
         dtype = CONSTANT_DTYPES.get(value.datatype)
         if dtype is None:
             raise MalformedProgramError(f"value {i}: constants of datatype {value.datatype} are not supported")
@@ -195,9 +198,17 @@ class GraphContext:
 
     def const(self, i: int, what: str) -> np.ndarray:
         self.check_id(i, what)
+        if i in self.four_bit and i not in self.constants:
+            self.constants[i] = _unpack_4bit(self.four_bit[i], self.values[i].dims[1])
         if i not in self.constants:
             raise MalformedProgramError(f"{what} (value {i}) is not a constant")
         return self.constants[i]
+
+    def nibbles(self, i: int) -> Optional[np.ndarray]:
+        """A 4-bit constant's bytes as stored, uint8 [rows, cols / 2] (two values a byte, low nibble
+        first), when its columns are whole bytes; else None."""
+        packed = self.four_bit.get(i)
+        return packed if packed is not None and self.values[i].dims[1] % 2 == 0 else None
 
     def scales(self, i: int) -> np.ndarray:
         """Per-channel scales (Cout,) or per-group scales (Cout, groups) of a quantized filter."""
@@ -314,9 +325,9 @@ def _fused_quantize(graph: Graph) -> dict[int, int]:
     return fused
 
 
-def _unpack_4bit(raw: memoryview, shape: tuple, what: str) -> np.ndarray:
-    """Two 4-bit values per byte along the last dim, low nibble first; returns uint8 0..15
-    (the stored values; XNNPACK's zero point for them is 8)."""
+def _packed_4bit(raw: memoryview, shape: tuple, what: str) -> np.ndarray:
+    """A 4-bit constant's bytes, checked: uint8 [rows, ceil(cols / 2)], two values a byte along
+    the last dim, low nibble first."""
     if len(shape) != 2:
         raise MalformedProgramError(f"{what}: a 4-bit constant must be 2-D, got {list(shape)}")
     rows, cols = shape
@@ -324,7 +335,13 @@ def _unpack_4bit(raw: memoryview, shape: tuple, what: str) -> np.ndarray:
     if len(raw) < rows * packed_cols:
         raise MalformedProgramError(f"{what}: 4-bit constant {list(shape)} needs {rows * packed_cols} bytes, "
                                     f"has {len(raw)}")
-    packed = np.frombuffer(raw, np.uint8, rows * packed_cols).reshape(rows, packed_cols)
+    return np.frombuffer(raw, np.uint8, rows * packed_cols).reshape(rows, packed_cols)
+
+
+def _unpack_4bit(packed: np.ndarray, cols: int) -> np.ndarray:
+    """_packed_4bit's bytes as uint8 0..15 [rows, cols] (the stored values; XNNPACK's zero point
+    for them is 8)."""
+    rows, packed_cols = packed.shape
     out = np.empty((rows, packed_cols * 2), np.uint8)
     out[:, 0::2] = packed & 0x0F
     out[:, 1::2] = packed >> 4
@@ -337,7 +354,7 @@ def compile_graph(graph: Graph, named_data: Callable[[str], memoryview], event_t
     outputs: dict[int, int] = {}
     for i, value in enumerate(graph.values):
         if value.constant_buffer_idx:
-            g.constants[i] = g.decode_constant(i)
+            (g.four_bit if value.datatype in FOUR_BIT else g.constants)[i] = g.decode_constant(i)
         if value.flags & (EXTERNAL_INPUT | EXTERNAL_OUTPUT):
             if value.external_id == NO_EXTERNAL_ID or value.external_id >= len(graph.values):
                 raise MalformedProgramError(f"external value {i} has invalid external id {value.external_id}")
@@ -357,7 +374,9 @@ def compile_graph(graph: Graph, named_data: Callable[[str], memoryview], event_t
     fused = fused_steps(graph, g) if event_tracer is None and fusion_enabled() else Fused({}, {})
     steps = [fused.steps[k] if k in fused.steps else BUILDERS[node.kind](node, g) for k, node in enumerate(graph.nodes)]
     output_ids = [outputs[k] for k in sorted(outputs)]
-    return Compiled([inputs[k] for k in sorted(inputs)], output_ids, g.constants, steps,
+    # 4-bit filters unpacked for a node at init are not kept: no step reads them as it runs
+    constants = {i: c for i, c in g.constants.items() if i not in g.four_bit}
+    return Compiled([inputs[k] for k in sorted(inputs)], output_ids, constants, steps,
                     _release_plan(graph.nodes, set(output_ids) | set(g.constants), g.fused_quantize, fused.reads_at),
                     len(graph.values), [node.kind for node in graph.nodes], event_tracer)
 

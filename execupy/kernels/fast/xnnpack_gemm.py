@@ -110,6 +110,30 @@ def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
                            np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n)
 
 
+def pack_blockwise_stored(nibbles: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
+    """pack_blockwise of a qb4w filter as XNNPACK stores it: nibbles uint8 [N, K/2], two values
+    (the signed weight + 8) a byte, input 2i in the low nibble. Four such bytes are already one
+    of BlockwiseWeight's words (input 8i + r in bits 4r..4r+3, little-endian), so the words are
+    the bytes regrouped into panels, and the weights are never unpacked (an LLM's 200 filters
+    took 0.6 s to unpack and pack again); the same arrays as pack_blockwise, bit for bit."""
+    n, k = nibbles.shape[0], nibbles.shape[1] * 2
+    block = k // scales.shape[1]
+    scales = np.asarray(scales, F32)
+    words = np.ascontiguousarray(nibbles).view("<u4")  # [N, K/8]
+    pairs = (words & np.uint32(0x0F0F0F0F)) + ((words >> np.uint32(4)) & np.uint32(0x0F0F0F0F))  # bytes <= 30
+    word_sums = (pairs * np.uint32(0x01010101)) >> np.uint32(24)  # the top byte sums the four: <= 120
+    chunk_sums = (word_sums[:, 0::2] + word_sums[:, 1::2]).astype(np.int32) - 8 * KSUM_CHUNK  # signed weights
+    terms = chunk_sums.astype(F32) * np.repeat(scales, block // KSUM_CHUNK, axis=1)
+    # pack_blockwise's ksum - t, in input order: 0 - (t0 + t1 + ...), the sum accumulated left to
+    # right in float32 (cumsum; rounding is symmetric, so subtracting each term gives these bits)
+    ksum = F32(0) - np.cumsum(terms, axis=1, dtype=F32)[:, -1]
+    padded = -(-n // PANEL) * PANEL
+    panel_words = np.full((padded, k // 8), 0x88888888, np.uint32)  # the padding's weights are 0 (stored 8)
+    panel_words[:n] = words
+    return BlockwiseWeight(np.ascontiguousarray(panel_words.reshape(-1, PANEL, k // 8).transpose(0, 2, 1)),
+                           quantized.panels(scales.T), np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n)
+
+
 def side_by_side(weights: list[BlockwiseWeight]) -> tuple[BlockwiseWeight, list[int]]:
     """Filters of the same inputs and block as one: their panels one after another (each already
     padded to whole panels), so that one product computes all their outputs; and where each one's
