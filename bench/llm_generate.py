@@ -467,7 +467,9 @@ def chart(rows: list[Row], title: str, path: Path) -> None:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    from execupy.fileio import atomic_write
+
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
 
 
 def prompt_tokens(gguf: Path, words: int) -> tuple[str, list[int]]:
@@ -517,7 +519,11 @@ def main() -> int:
     for note in dict.fromkeys(bench.notes):
         print(f"note: {note}")
     chart_path = args.chart or args.work / "llm_generate.png"
-    chart(rows, title, chart_path)
+    try:
+        chart(rows, title, chart_path)
+    except ModuleNotFoundError as e:  # the table stands; the chart needs the bench extra
+        print(f"chart: not drawn ({e}); pip install -e '.[bench]' installs matplotlib")
+        return 1
     print(f"chart: {chart_path}")
     return 0
 

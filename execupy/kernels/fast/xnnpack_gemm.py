@@ -150,8 +150,17 @@ def _shared_site(w: BlockwiseWeight) -> Optional[BlockwiseWeight]:
     return w if w.nbytes >= quantized.SHARE_MIN_BYTES else None
 
 
-def _prompt_site(site: cores.PerRow, rows: int) -> cores.PerRow:
+# A prompt product's one-thread time before it has one of its own: this many multiply-adds a
+# second, below one core's (150-190 GMAC/s through vpdpbusd here). The rule would otherwise run
+# each product's first call alone to time it, and a program's first prompt, the one a user
+# waits for after loading, would run on one thread.
+ASSUMED_MACS_PER_S = 1e11
+
+
+def _prompt_site(site: cores.PerRow, rows: int, macs_per_row: int) -> cores.PerRow:
     """A prompt product's call site for kernels/cores.py's rule, held to `rows` rows' share."""
+    if site.per_row_s == 0.0:
+        site.per_row_s = macs_per_row / ASSUMED_MACS_PER_S
     site.rows = rows
     return site
 
@@ -268,7 +277,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         if VNNI:  # four rows at a time through vpdpbusd, each word row unpacked once for them
             SECOND_THREAD.run(K.blockwise_rows_halves, (K.BLOCKWISE_SECOND_HALF.address, q, zp, x_scale, w.words,
                                                         w.scales, w.ksum, bias, w.block, out),
-                              _prompt_site(w.prompt, m) if parallel else None)
+                              _prompt_site(w.prompt, m, w.n * w.k) if parallel else None)
             return out
         run = K.blockwise_tiles_parallel if parallel and numba.get_num_threads() > 1 else K.blockwise_tiles
         a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
