@@ -1,4 +1,5 @@
-"""The second core's thread: shares decode mat-vecs and attention with the calling thread (numba only).
+"""The second core's thread: shares decode mat-vecs and attention, and an XNNPACK program's 4-bit
+prompt products (xnnpack_gemm_jit), with the calling thread (numba only).
 
 An LLM's decode step runs some 200 mat-vecs of 0.1-1 million weights, each a few tens of
 microseconds, one after another with Python between them. A thread pool that sleeps between
