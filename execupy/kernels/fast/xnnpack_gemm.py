@@ -32,8 +32,8 @@ import numpy as np
 from .. import cores
 from . import quantized
 
-# Below this many multiply-adds a prompt's product runs on one thread: sharing it with the second
-# core's thread (handing over the rows, copying its half back) costs more than the half saves.
+# Below this many multiply-adds a prompt's product runs on one thread: handing half of it to another
+# thread (the second core's, with VNNI: the rows over, its half back) costs more than the half saves.
 PARALLEL_MIN_MACS = int(os.environ.get("EXECUPY_PARALLEL_MIN_MACS", 8_000_000))
 
 F32, F64 = np.float32, np.float64
