@@ -316,7 +316,7 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from execupy.kernels.fast.vnni_jit import VNNI
 
     # a prompt's rows: through vpdpbusd (the second thread's half a C function) where the CPU has it
-    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows_range", "BLOCKWISE_SECOND_HALF"} if VNNI
+    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows", "BLOCKWISE_SECOND_HALF"} if VNNI
                       else {"blockwise_tiles", "blockwise_tiles_parallel"})
     assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "channelwise", "scale_sums",
                           "quantize_rows"} | prompt_kernels

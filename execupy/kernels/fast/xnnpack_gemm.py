@@ -352,7 +352,7 @@ def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarr
         [np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     """(q, zp, x_scale) -> gemm_channelwise with w int8 [N, K] (signed), bound once: with
     AVX512-VNNI a prompt's rows (from vnni_jit.ROWS on) run through vpdpbusd on weights laid out
-    for it here (xnnpack_gemm_jit.channelwise_rows_range), on one thread; other calls as
+    for it here (xnnpack_gemm_jit.channelwise_rows), on one thread; other calls as
     gemm_channelwise."""
     w_scale = np.ascontiguousarray(w_scale, F32)
     general = lambda q, zp, x_scale: gemm_channelwise(q, zp, x_scale, w, w_scale, bias)
@@ -370,7 +370,7 @@ def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarr
             return general(q, zp, x_scale)
         q, zp, x_scale = np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32), np.asarray(x_scale, F32)
         out = np.empty((m, n), F32)
-        K.channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias_or_zeros, 0, words.shape[0], out)
+        K.channelwise_rows(q, zp, x_scale, words, wsum, w_scale, bias_or_zeros, out)
         return out
 
     return product

@@ -168,14 +168,6 @@ def _blockwise_activations(at, m, k, block):
 
 
 @numba.njit(cache=True, inline="always")
-def _post_rows_job(ctrl, second_half, a0, a1, a2, a3, m, k, n, block):
-    ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2], ctrl[JOB + 3] = a0, a1, a2, a3
-    ctrl[JOB + 4], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = m, k, n, block
-    ctrl[KIND], ctrl[JOB_FN] = CALL, second_half
-    return publish(ctrl)
-
-
-@numba.njit(cache=True, inline="always")
 def _columns_from(scratch, out, col):
     # out[:, col:] = the second half's outputs, [M, N - col] in scratch
     m, n = out.shape
@@ -211,8 +203,10 @@ def blockwise_rows_halves(ctrl, xbuf, scratch, second_half, q, zp, x_scale, word
     if not share:
         blockwise_rows(xbytes, shifts, zr, xs, words, scales, ksum, bias, block, 0, panels, v, out, 0)
         return 0
-    seq = _post_rows_job(ctrl, second_half, words.ctypes.data, scales.ctypes.data, ksum.ctypes.data,
-                         bias.ctypes.data, m, k, n, block)
+    ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2] = words.ctypes.data, scales.ctypes.data, ksum.ctypes.data
+    ctrl[JOB + 3], ctrl[JOB + 4], ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = bias.ctypes.data, m, k, n, block
+    ctrl[KIND], ctrl[JOB_FN] = CALL, second_half
+    seq = publish(ctrl)
     start = cycles()
     blockwise_rows(xbytes, shifts, zr, xs, words, scales, ksum, bias, block, 0, middle, v, out, 0)
     where = second_half_where(ctrl, seq, start)
@@ -253,11 +247,11 @@ if VNNI:
 
 
 @numba.njit(cache=True, nogil=True)
-def channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias, p0, p1, out):
-    """out[:, panels p0..p1's columns] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI
-    only): the exact sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then
-    scale_sums' float steps, in registers for whole panels (vnni_jit.channel_panel_rows_scaled).
-    words int32 [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]."""
+def channelwise_rows(q, zp, x_scale, words, wsum, w_scale, bias, out):
+    """out [M, N] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI only): the exact
+    sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then scale_sums' float
+    steps, in registers for whole panels (vnni_jit.channel_panel_rows_scaled). words int32
+    [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]."""
     m, k = q.shape
     n, quads = out.shape[1], words.shape[1]
     xq = np.zeros((m, quads), np.int32)
@@ -268,8 +262,8 @@ def channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias, p0, p1, o
     zr = np.empty(m, np.int32)
     for r in range(m):
         zr[r] = np.int32(zp[r]) + np.int32(128)
-    whole = max(p0, min(p1, n // PANEL))
-    for p in range(p0, whole):
+    whole = n // PANEL
+    for p in range(whole):
         r = 0
         while r + ROWS <= m:
             channel_panel_rows_scaled(words, xq, p, r, zr, x_scale, wsum, w_scale, bias, out)
@@ -278,7 +272,7 @@ def channelwise_rows_range(q, zp, x_scale, words, wsum, w_scale, bias, p0, p1, o
             channel_panel_row_scaled(words, xq, p, r, zr, x_scale, wsum, w_scale, bias, out)
             r += 1
     acc = np.empty((m, PANEL), np.int32)
-    for p in range(whole, p1):  # the last panel, part of it past the outputs: through acc
+    for p in range(whole, words.shape[0]):  # the last panel, part of it past the outputs: through acc
         r = 0
         while r + ROWS <= m:
             channel_panel_rows(words, xq, p, acc, r)
@@ -355,5 +349,5 @@ def quantize_rows(x, q, scale, zero):
 KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float,
            "channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
            # a prompt's rows: through vpdpbusd where the CPU has it, else a tile of unpacked weights at a time
-           **({"blockwise_rows_halves": blockwise_rows_halves, "channelwise_rows_range": channelwise_rows_range}
+           **({"blockwise_rows_halves": blockwise_rows_halves, "channelwise_rows": channelwise_rows}
               if VNNI else {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel})}
