@@ -7,7 +7,10 @@ call that took 0.02 ms takes milliseconds (fp32 decode at load 3.6: 143 ms per t
 threads, 26 ms on one). The load average cannot tell the two apart: it lags a burst by a
 minute, and our own spinning threads count in it. So each call site times itself:
 
-* a site's first call runs on one thread, and every one-thread call is remembered;
+* a site's first call runs on one thread, and every one-thread call is remembered; a mat-vec's
+  site instead starts from a time assumed from its bytes (`assumed_serial_s`), so that it shares
+  from its first call on (each decode step bound anew would otherwise run alone once: SmolLM2
+  fp32's second token took 42 ms against 22);
 * two-thread calls over 10x as slow as the site's last one-thread call are stalls; when
   stalls lately cost about a tenth of the time, the other core is busy: every site runs on
   one thread for `BACKOFF_S` seconds, then tries two again.
@@ -29,6 +32,17 @@ from typing import Protocol
 # it the hand-over costs more than the half saves. SmolLM2: every linear but a quantized k/v
 # projection (69-138 KB); float32 k/v (442 KB) shared read 41 GB/s against 25 on one BLAS thread.
 SHARE_MIN_BYTES = 160 * 1024
+
+
+# A mat-vec site's one-thread time before one is measured: its bytes read at this rate, about
+# what one core reads (12-25 GB/s on the machines we measured). A stall is 10x that time, far from
+# a call on two threads (about half a real one-thread time); a machine reading under 2 GB/s
+# would see stalls, back off, and so time its sites on one thread.
+ASSUMED_BYTES_PER_S = 20e9
+
+
+def assumed_serial_s(nbytes: int) -> float:
+    return nbytes / ASSUMED_BYTES_PER_S
 
 
 class Site(Protocol):

@@ -1446,7 +1446,7 @@ def _runs_side_by_side(method, nodes: list[Node]) -> list[list[Node]]:
 def _float_sibling_step(method, siblings: _FloatSiblings, i: int):
     """A decode step (fixed column [K, 1], fixed output): the first sibling's mat-vec over every
     weight, or a later one's rows of it; anything else (a prompt), the mm as bound alone."""
-    from ..kernels.cores import CallSite
+    from ..kernels.cores import CallSite, assumed_serial_s
     from ..kernels.fast import dense
 
     node, start = siblings.members[i], siblings.starts[i]
@@ -1461,7 +1461,8 @@ def _float_sibling_step(method, siblings: _FloatSiblings, i: int):
         matvec = dense.matvec_kernel()
         if not decode or matvec is None:
             return method._bind(node.pc, method.plan.instructions[node.pc])
-        weight, column, site, y = siblings.weight, x[:, 0], CallSite(), result.reshape(-1)
+        weight, column, y = siblings.weight, x[:, 0], result.reshape(-1)
+        site = CallSite(assumed_serial_s(weight.nbytes))
         products = np.empty(weight.shape[0], np.float32)
         mine = products[:n]
         siblings.joint = (x, products)

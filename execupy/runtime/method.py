@@ -38,7 +38,7 @@ from ..errors import (
     UnsupportedOperatorError,
 )
 from ..schema import program as P
-from ..kernels.cores import CallSite
+from ..kernels.cores import CallSite, assumed_serial_s
 from ..kernels.fast import dense
 from ..kernels.fast import compiled_decode
 from ..kernels.portable import linalg as portable_linalg
@@ -167,7 +167,7 @@ def _direct_mm(a, b, out) -> Optional[Step]:
     if rows == 1 and b.shape[1] == 1 and a.dtype == np.float32 and a.flags.c_contiguous and \
             a.nbytes >= dense.SHARE_MIN_BYTES and b[:, 0].flags.c_contiguous and out[:, 0].flags.c_contiguous:
         # a decode step's float32 linear, weight first (W @ x^T): both cores, each half of W's rows
-        x, y, matvec = b[:, 0], out[:, 0], dense.matvec_kernel()
+        x, y, matvec, site = b[:, 0], out[:, 0], dense.matvec_kernel(), CallSite(assumed_serial_s(a.nbytes))
         if matvec is not None:
             return lambda: matvec(site, a, x, y)
 

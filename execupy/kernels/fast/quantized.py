@@ -103,9 +103,10 @@ class PackedWeight:
     k: int
     n: int
     rows_per_word: int
-    serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (0: none yet); see kernels/cores.py
+    serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (assumed until one); see kernels/cores.py
 
     def __post_init__(self) -> None:
+        self.serial_s = self.serial_s or cores.assumed_serial_s(self.nbytes)
         # Read-only, all three, whether a view of the program's mapping or a copy: numba compiles
         # a read-only array's call apart and warm_up can load only the one form at load (a per-
         # channel int8 weight's scales stayed a view and its prompts loaded two kernels mid-call)
@@ -342,7 +343,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         if (w2.group_size, w2.rows_per_word) != (w.group_size, w.rows_per_word):
             return None
         args = (x, w.qt, w.scales, w.offsets, w2.qt, w2.scales, w2.offsets, w.group_size, w.rows_per_word, out, out2)
-        run, kernel, site = SECOND_THREAD.run, ST.matvec_pair, cores.CallSite()
+        run, kernel = SECOND_THREAD.run, ST.matvec_pair
+        site = cores.CallSite(cores.assumed_serial_s(w.nbytes + w2.nbytes))
 
         def matvec_pair() -> None:
             run(kernel, args, site)

@@ -72,8 +72,11 @@ class BlockwiseWeight:
     ksum: np.ndarray
     block: int
     n: int
-    serial_s: float = 0.0  # the last one-thread mat-vec on it, seconds (0: none yet); see kernels/cores.py
+    serial_s: float = 0.0  # the last one-thread mat-vec on it, seconds (assumed until one); see kernels/cores.py
     prompt: cores.PerRow = field(default_factory=cores.PerRow)  # its prompts' call site for the same rule
+
+    def __post_init__(self) -> None:
+        self.serial_s = self.serial_s or cores.assumed_serial_s(self.nbytes)
 
     @property
     def k(self) -> int:
