@@ -230,13 +230,25 @@ class LLMRunner:
         populating = self.module.program.populate_in_background()
         if populating is not None:
             populating.join()
-        self.load_s = time.perf_counter() - t0
         self.pos = 0  # tokens held by the KV cache
         self.history: list[int] = []  # those tokens, for the repetition penalty
+        if event_tracer is None:  # (a traced run reports the calls the user made, no more)
+            self._bind_decode_step()
+        self.load_s = time.perf_counter() - t0
         self.pending: list[int] = []  # the last sampled token, not yet in the cache
         self.cached_text = ""  # the chat as rendered text, for what the cache holds
         self.messages: list[dict[str, str]] = []  # the chat so far
         self.stats = GenerationStats(load_s=self.load_s)
+
+    def _bind_decode_step(self) -> None:
+        """One token's call now, at load: the runtime binds a call shape's steps at its first
+        call (kernels and arrays fixed once; SmolLM2: 40-70 ms, the call itself on the general
+        path), which would otherwise fall inside the first generated token. The token goes into
+        the cache's last slot, which only a query at that position reads, after writing it itself:
+        every slot a prompt or a decode step can read still holds the program's initial value."""
+        self.pos = self.meta.max_seq_len - 1
+        self.forward_rows([self.meta.bos_id or 0])
+        self.pos, self.history = 0, []
 
     # ------------------------------------------------------------------ low level
 

@@ -132,6 +132,20 @@ def test_kv_cache_is_written_in_place_by_the_custom_ops(exported, tmp_path):
     assert {"aten::index_put", "aten::copy_"} <= ops and not any(op.startswith("llama::") for op in ops)
 
 
+def test_loading_binds_the_decode_step_and_leaves_the_readable_cache_as_it_was(exported):
+    """LLMRunner binds a one-token call at load (its last cache slot: only a query there reads it,
+    after writing it), so the first generated token runs bound; every other slot still holds zeros."""
+    result, eager = exported
+    runner = LLMRunner(result.pte_path)
+    assert runner.pos == 0 and runner.history == []
+    assert ((1, 1), (1,)) in runner.forward.planned_shapes
+    shape = (1, MAX_SEQ_LEN, eager.config.n_kv_heads, eager.config.head_dim)
+    caches = [v for v in runner.forward.values if isinstance(v, np.ndarray) and v.shape == shape]
+    assert len(caches) == 2 * eager.config.n_layers
+    for kv in caches:
+        assert not kv[:, :-1].any() and kv[:, -1].any()
+
+
 def test_export_manager_runs_the_stages_a_user_chains(exported, tmp_path):
     from execupy.backends.numpy_fused.aot import NumpyFusedPartitioner
     from execupy.errors import ExportError
