@@ -102,6 +102,13 @@ def test_executorch_llm_prefill_and_decode_alternately_equal_unplanned(monkeypat
     delegates = [step.__name__ for plan in planned._shape_plans.values() for step in plan.steps
                  if "delegate" in step.__name__]
     assert (flags == "portable") == (delegates == []) and set(delegates) <= {"call_bound_delegate"}
+    if flags == "xnnpack-8da4w":
+        # and in the decode plan every delegate's nodes run on arrays fixed at bind (the plan's, and
+        # arrays made once for what only the delegate reads): products, RMSNorm tails, rotary pairs,
+        # element-wise nodes, none through a value list per call (backends/xnnpack/runtime.py)
+        decode = planned._shape_plans[((1, 1), (1,))].steps
+        bound = [step.run.__name__ for step in decode if step.__name__ == "call_bound_delegate"]
+        assert bound and "run_into" not in bound and "run_bound" not in bound, bound
     # et_view's result is its source's bytes as memory planning lays them out: a plan whose
     # arrays are fixed has nothing to do for it at each call (the attention's output, which the
     # XNNPACK export leaves between delegates; the portable one's views are fusion's aliases)

@@ -245,3 +245,29 @@ def test_qb4w_filters_packed_from_their_values_give_executorchs_bits_too(program
     _, expected, got = worker_case_outputs(folder, name)
     for ours, theirs in zip(got, expected, strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_delegates_bound_on_fixed_arrays_give_the_bits_of_the_value_list_walk(programs, name, monkeypatch):
+    """A delegate call whose arrays are fixed at bind (a static program's, a shape plan's) runs the
+    nodes that can write into fixed arrays (products, element-wise nodes, fused patterns;
+    nodes.FixedBinding) as those calls; without binding, every node's step walks a value list.
+    The outputs are the same bits."""
+    from execupy.backends.xnnpack.runtime import XnnpackBackend
+
+    folder, report = programs
+    assert report[name] == "ok", f"ExecuTorch could not lower or run the case: {report[name]}"
+    inputs, _, _ = worker_case_outputs(folder, name)
+    bound = Program.load(str(folder / f"{name}.pte")).load_method("forward").execute(inputs)
+    monkeypatch.setattr(XnnpackBackend, "bind", lambda self, handle, args, outs=None: None)
+    walked = Program.load(str(folder / f"{name}.pte")).load_method("forward").execute(inputs)
+    for ours, theirs in zip(bound, walked, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_gelus_delegate_runs_as_its_compiled_loop_alone(programs):
+    """A delegate whose every node writes into fixed arrays is bound as those calls, nothing else."""
+    folder, _ = programs
+    method = Program.load(str(folder / "gelu.pte")).load_method("forward")
+    bound = [step.run.__name__ for step in method._steps if step.__name__ == "call_bound_delegate"]
+    assert bound == ["compiled_into_out"]

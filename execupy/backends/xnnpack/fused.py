@@ -118,6 +118,25 @@ def _rotate_pairs_step(ids: tuple[int, int, int, int], out: int) -> Step:
             return
         vals[out] = rotate_pairs(a, b, c, s)
 
+    def bind(xs: list[np.ndarray], ys: list) -> Optional[Callable[[], None]]:
+        a, b, c, s = xs
+        if compiled is None or not _rows_with_tables(a, b, c, s):
+            return None
+        if ys[0] is None:
+            ys[0] = np.empty(a.shape + (2,), np.float32)
+        result, d = ys[0], a.shape[-1]
+        if result.shape != a.shape + (2,) or result.dtype != np.float32 or not result.flags.c_contiguous:
+            return None
+        args = (a.reshape(-1, d), b.reshape(-1, d), c.reshape(-1, d), s.reshape(-1, d), a.shape[-2],
+                result.reshape(-1, d, 2))
+        kernel = compiled.rotate_pairs_rows
+
+        def rotate_pairs_into() -> None:
+            kernel(*args)
+
+        return rotate_pairs_into
+
+    rotate_pairs_step.bind_fixed = FixedBinding(ids, (out,), bind, makes_arrays=True)
     return rotate_pairs_step
 
 
@@ -166,7 +185,8 @@ def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Optional[Step]:
         for out, start, n in parts:
             vals[out] = np.ascontiguousarray(y[:, start:start + n]).reshape(*x.shape[:-1], n)
 
-    def bind(x: np.ndarray, ys: list[np.ndarray]) -> Optional[Callable[[], None]]:
+    def bind(xs: list[np.ndarray], ys: list[np.ndarray]) -> Optional[Callable[[], None]]:
+        x = xs[0]
         if x.ndim == 0:
             return None
         scratch = np.empty(x.shape[:-1] + (both.n,), np.float32)
@@ -183,7 +203,7 @@ def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Optional[Step]:
 
         return sibling_products
 
-    sibling_products_step.bind_fixed = FixedBinding(src, tuple(out for out, _, _ in parts), bind)
+    sibling_products_step.bind_fixed = FixedBinding((src,), tuple(out for out, _, _ in parts), bind)
     return sibling_products_step
 
 
@@ -220,6 +240,12 @@ def _rms_tail_step(ids: tuple[int, int, int, int], out: int) -> Step:
     def rms_tail_step(vals: list) -> None:
         vals[out] = vmath.rms_tail(vals[mean], vals[eps], vals[x], vals[w])
 
+    def bind(xs: list[np.ndarray], ys: list) -> Optional[Callable[[], None]]:
+        if ys[0] is None:
+            ys[0] = np.empty(xs[2].shape, np.float32)
+        return vmath.rms_tail_into(*xs, ys[0])
+
+    rms_tail_step.bind_fixed = FixedBinding(ids, (out,), bind, makes_arrays=True)
     return rms_tail_step
 
 

@@ -45,13 +45,16 @@ MAX_STATIC_ELEMENTS = 1 << 28
 
 @dataclass
 class FixedBinding:
-    """A step that can also run on arrays fixed for every call (a bound delegate's input, and
-    the arrays its outputs are copied to): `bind(x, ys)` gives a call without arguments that
-    reads value `reads` from x and writes the values `writes` into ys, or None where it cannot."""
+    """A step that can also run on arrays fixed for every call (a bound delegate's inputs, the
+    arrays its outputs go to, and what earlier such steps wrote): `bind(xs, ys)` gives a call
+    without arguments (returning None) that reads the values `reads` from the arrays xs and writes
+    the values `writes` into the arrays ys, or None where it cannot. With `makes_arrays`, a y may be None (a
+    value only the delegate's own steps read): the binding puts the array it made in its place."""
 
-    reads: int
+    reads: tuple[int, ...]
     writes: tuple[int, ...]
-    bind: Callable[[np.ndarray, list[np.ndarray]], Optional[Callable[[], None]]]
+    bind: Callable[[list[np.ndarray], list[Optional[np.ndarray]]], Optional[Callable[[], None]]]
+    makes_arrays: bool = False
 
 
 def reads(node: Node) -> list[int]:
@@ -83,6 +86,8 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]):
             def plain_step(vals: list) -> None:
                 vals[out] = fn(vals[src])
 
+            plain_step.bind_fixed = FixedBinding((src,), (out,), lambda xs, ys: _unary_into(fn, xs[0], ys),
+                                                 makes_arrays=True)
             return plain_step
         load, store = g.loader(src), g.storer(out, node)
 
@@ -103,6 +108,8 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], op: Optional[int
             def plain_step(vals: list) -> None:
                 vals[out] = fn(vals[x], vals[y])
 
+            plain_step.bind_fixed = FixedBinding((x, y), (out,), lambda xs, ys: _binary_into(fn, *xs, ys),
+                                                 makes_arrays=True)
             return plain_step
         a, b, store = g.loader(x), g.loader(y), g.storer(out, node)
 
@@ -129,6 +136,52 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], op: Optional[int
         return step_quantized
 
     return build
+
+
+def _output_array(ys: list, shape: tuple) -> Optional[np.ndarray]:
+    """The float32 array of `shape` a bound element-wise step writes: ys[0] when given (None if it
+    does not fit), else one made now and put in ys[0] (see FixedBinding)."""
+    if ys[0] is None:
+        ys[0] = np.empty(shape, F32)
+    y = ys[0]
+    return y if y.shape == shape and y.dtype == F32 else None
+
+
+def _unary_into(fn: Callable, x: np.ndarray, ys: list) -> Optional[Callable[[], None]]:
+    """A plain unary node's step on fixed arrays: a numpy ufunc with `out`, or vmath's compiled
+    loop (the same bits as fn(x) returns); None for other functions."""
+    fn = vmath.gelu if fn is _gelu else fn  # (what _gelu runs on float32)
+    if x.dtype != F32 or (not isinstance(fn, np.ufunc) and not vmath.compiled_into(fn)):
+        return None
+    y = _output_array(ys, x.shape)
+    if y is None:
+        return None
+    if not isinstance(fn, np.ufunc):
+        return vmath.compiled_into(fn, x, y)
+
+    def ufunc_into() -> None:  # (not the ufunc's own return value: a bound call returns None)
+        fn(x, out=y)
+
+    return ufunc_into
+
+
+def _binary_into(fn: Callable, a: np.ndarray, b: np.ndarray, ys: list) -> Optional[Callable[[], None]]:
+    """A plain binary node's step on fixed arrays when fn is a numpy ufunc: fn(a, b, out=y), the
+    bits fn(a, b) gives."""
+    if not isinstance(fn, np.ufunc) or a.dtype != F32 or b.dtype != F32:
+        return None
+    try:
+        shape = np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:  # the step says what is wrong
+        return None
+    y = _output_array(ys, shape)
+    if y is None:
+        return None
+
+    def ufunc_into() -> None:
+        fn(a, b, out=y)
+
+    return ufunc_into
 
 
 def _with_fields(make: Callable[[Node, object], Callable[[np.ndarray], np.ndarray]]):
@@ -526,8 +579,8 @@ def _fc_dynamic_quant(node: Node, g, has_bias: bool) -> Step:
             vals[out] = clamp(from_float(x.reshape(-1, n_in))).reshape(*x.shape[:-1], n_out)
 
         if g.values[w_id].datatype == "qbint4" and unclamped:
-            step_quantizing.bind_fixed = FixedBinding(src, (out,), lambda x, ys: XG.bind_blockwise_from_float_into(
-                packed, bias, x, ys[0]))
+            step_quantizing.bind_fixed = FixedBinding((src,), (out,), lambda xs, ys: XG.bind_blockwise_from_float_into(
+                packed, bias, xs[0], ys[0]))
         return step_quantizing
 
     def step(vals: list) -> None:

@@ -83,11 +83,18 @@ class Compiled:
         the call returns None, unless one has another shape or dtype: then it returns the outputs
         for the caller to store. An LLM's decode step calls some 300 delegates per token."""
         vals = self._bound(args)
-        fixed = {i for i, _ in self.inputs}  # filled once: never released
-        releases = [tuple(i for i in dead if i not in fixed) for dead in self.releases]
         outputs = self.outputs
         dest_of = dict(zip(outputs, dests)) if dests is not None else {}
-        steps = [self._bind_fixed(step, vals, fixed, dest_of) for step in self.steps]
+        # value id -> its array, the same at every call: the inputs, the constants, then what
+        # each step bound on such arrays writes (nodes.FixedBinding)
+        fixed = {i: vals[i] for i, _ in self.inputs if isinstance(vals[i], np.ndarray)}
+        fixed.update((i, c) for i, c in self.constants.items() if isinstance(c, np.ndarray))
+        # (bound only where the outputs have arrays of their own: a call then returns no array it
+        # will write again at the next call)
+        steps = [self._bind_fixed(step, vals, fixed, dest_of) for step in self.steps] if dests is not None \
+            else list(self.steps)
+        kept = fixed.keys() | {i for i, _ in self.inputs}  # filled once, or at every call by a bound step: never released
+        releases = [tuple(i for i in dead if i not in kept) for dead in self.releases]
         plan = [(step, dead) for step, dead in zip(steps, releases) if step is not NOTHING or dead]
 
         def run_bound() -> list:
@@ -100,6 +107,9 @@ class Compiled:
         if dests is None:
             return run_bound
         pairs, copyto = [(i, dest) for i, dest in dest_of.items() if vals[i] is not dest], np.copyto
+        runs = [getattr(step, "run", None) for step, _ in plan if step is not NOTHING]
+        if not pairs and None not in runs:  # every step bound on fixed arrays, the outputs' own: every
+            return _in_turn(runs)  # value it writes is one of those (what is left to release was never written)
 
         def run_into() -> Optional[list]:
             for step, dead in plan:
@@ -116,23 +126,28 @@ class Compiled:
         return run_into
 
     @staticmethod
-    def _bind_fixed(step: Step, vals: list, fixed: set, dest_of: dict) -> Step:
-        """A step reading a bound input and writing an output whose array is given, run on those
-        arrays (nodes.FixedBinding: a decode mat-vec with its arguments gathered once, written
-        straight into the output's array, which the value list then holds); else the step."""
+    def _bind_fixed(step: Step, vals: list, fixed: dict, dest_of: dict) -> Step:
+        """A step reading fixed arrays and writing outputs whose arrays are given (or, where the
+        step can make them, values only later steps read), run on those arrays (nodes.FixedBinding:
+        a decode mat-vec with its arguments gathered once, written straight into the output's
+        array; an element-wise node into an array made once); else the step. What it writes is
+        then fixed for the steps after it, and the value list holds those arrays."""
         binding = getattr(step, "bind_fixed", None)
-        if binding is None or binding.reads not in fixed or not all(i in dest_of for i in binding.writes):
+        if binding is None or not all(i in fixed for i in binding.reads):
             return step
-        x = vals[binding.reads]
-        run = binding.bind(x, [dest_of[i] for i in binding.writes]) if isinstance(x, np.ndarray) else None
+        ys = [dest_of.get(i) for i in binding.writes]
+        if any(y is None for y in ys) and not binding.makes_arrays:
+            return step
+        run = binding.bind([fixed[i] for i in binding.reads], ys)
         if run is None:
             return step
-        for i in binding.writes:
-            vals[i] = dest_of[i]
+        for i, y in zip(binding.writes, ys):
+            vals[i] = fixed[i] = y
 
         def fixed_step(_vals: list) -> None:
             run()
 
+        fixed_step.run = run
         return fixed_step
 
     def run_traced(self, args: list) -> list:
@@ -146,6 +161,18 @@ class Compiled:
             for i in dead:
                 vals[i] = None
         return [vals[i] for i in self.outputs]
+
+
+def _in_turn(runs: list[Callable[[], None]]) -> Callable[[], None]:
+    """One call running `runs` one after the other (a bound delegate whose steps all are)."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def run_in_turn() -> None:
+        for run in runs:
+            run()
+
+    return run_in_turn
 
 
 class GraphContext:

@@ -113,6 +113,24 @@ def _compile_gelu():
 
 _SIGMOID, _GELU = _compile_sigmoid(), _compile_gelu()  # here: vmath_jit imports the constants above
 
+
+def compiled_into(fn: Callable, x: Optional[np.ndarray] = None, out: Optional[np.ndarray] = None):
+    """For sigmoid or gelu with a compiled loop: without arrays, True; with x and out (float32, one
+    shape, C order), a call writing fn(x) into out (the compiled loop on the flat arrays), or None
+    where they do not fit. For other functions (or numpy only), None."""
+    compiled = _SIGMOID if fn is sigmoid else _GELU if fn is gelu else None
+    if compiled is None or x is None:
+        return compiled is not None or None
+    if not (x.dtype == out.dtype == F32 and x.shape == out.shape and x.ndim and x.flags.c_contiguous
+            and out.flags.c_contiguous):
+        return None
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+
+    def compiled_into_out() -> None:  # (the loop returns out: a bound call returns None)
+        compiled(flat_x, flat_out)
+
+    return compiled_into_out
+
 # ---------------------------------------------------------------- reciprocal square root
 # XNNPACK's f32 rsqrt on AVX-512 starts from the CPU's 14-bit estimate (vrsqrt14ps) and takes
 # one Newton-Raphson step, x1 = x0 - (a * (x0 * x0) - 1) * (0.5 * x0), each operation rounded
@@ -165,6 +183,23 @@ def rsqrt(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
             return (F32(1) / np.sqrt(a)).astype(F32)
     return _RSQRT(a.reshape(-1)).reshape(a.shape)
+
+
+def rms_tail_into(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarray,
+                  out: np.ndarray) -> Optional[Callable[[], None]]:
+    """rms_tail's compiled loop as a call on fixed arrays writing into out (float32 [..., n] in C
+    order, x's shape), or None where rms_tail would not take it."""
+    n = x.shape[-1] if x.ndim else 0
+    if not (_RMS_TAIL is not None and n and mean.shape == x.shape[:-1] + (1,) and w.shape == (n,) and eps.size == 1
+            and x.dtype == mean.dtype == w.dtype == eps.dtype == out.dtype == F32 and out.shape == x.shape
+            and x.flags.c_contiguous and mean.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    means, eps_row, rows, out_rows, kernel = mean.reshape(-1), eps.reshape(-1)[:1], x.reshape(-1, n), out.reshape(-1, n), _RMS_TAIL
+
+    def rms_tail_into_out() -> None:
+        kernel(means, eps_row[0], rows, w, out_rows)  # eps read at each call, as rms_tail reads it
+
+    return rms_tail_into_out
 
 
 def rms_tail(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
