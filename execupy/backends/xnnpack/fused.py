@@ -125,7 +125,8 @@ def _rotate_pairs_step(ids: tuple[int, int, int, int], out: int) -> Step:
         if ys[0] is None:
             ys[0] = np.empty(a.shape + (2,), np.float32)
         result, d = ys[0], a.shape[-1]
-        if result.shape != a.shape + (2,) or result.dtype != np.float32 or not result.flags.c_contiguous:
+        if result.shape != a.shape + (2,) or result.dtype != np.float32 or not result.flags.c_contiguous or \
+                any(np.may_share_memory(result, t) for t in xs):
             return None
         args = (a.reshape(-1, d), b.reshape(-1, d), c.reshape(-1, d), s.reshape(-1, d), a.shape[-2],
                 result.reshape(-1, d, 2))

@@ -122,7 +122,7 @@ def compiled_into(fn: Callable, x: Optional[np.ndarray] = None, out: Optional[np
     if compiled is None or x is None:
         return compiled is not None or None
     if not (x.dtype == out.dtype == F32 and x.shape == out.shape and x.ndim and x.flags.c_contiguous
-            and out.flags.c_contiguous):
+            and out.flags.c_contiguous) or np.may_share_memory(x, out):
         return None
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
 
@@ -192,7 +192,8 @@ def rms_tail_into(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarra
     n = x.shape[-1] if x.ndim else 0
     if not (_RMS_TAIL is not None and n and mean.shape == x.shape[:-1] + (1,) and w.shape == (n,) and eps.size == 1
             and x.dtype == mean.dtype == w.dtype == eps.dtype == out.dtype == F32 and out.shape == x.shape
-            and x.flags.c_contiguous and mean.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous):
+            and x.flags.c_contiguous and mean.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous) \
+            or any(np.may_share_memory(out, t) for t in (mean, eps, x, w)):
         return None
     means, eps_row, rows, out_rows, kernel = mean.reshape(-1), eps.reshape(-1)[:1], x.reshape(-1, n), out.reshape(-1, n), _RMS_TAIL
 
