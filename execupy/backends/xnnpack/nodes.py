@@ -151,9 +151,7 @@ def _unary_into(fn: Callable, x: np.ndarray, ys: list) -> Optional[Callable[[], 
     """A plain unary node's step on fixed arrays: a numpy ufunc with `out`, or vmath's compiled
     loop (the same bits as fn(x) returns); None for other functions."""
     fn = vmath.gelu if fn is _gelu else fn  # (what _gelu runs on float32)
-    if x.dtype != F32 or (not isinstance(fn, np.ufunc) and not vmath.compiled_into(fn)):
-        return None
-    y = _output_array(ys, x.shape)
+    y = _output_array(ys, x.shape) if x.dtype == F32 else None
     if y is None:
         return None
     if not isinstance(fn, np.ufunc):

@@ -93,7 +93,8 @@ class Compiled:
         # will write again at the next call)
         steps = [self._bind_fixed(step, vals, fixed, dest_of) for step in self.steps] if dests is not None \
             else list(self.steps)
-        kept = fixed.keys() | {i for i, _ in self.inputs}  # filled once, or at every call by a bound step: never released
+        # filled once, or at every call by a bound step: never released
+        kept = fixed.keys() | {i for i, _ in self.inputs}
         releases = [tuple(i for i in dead if i not in kept) for dead in self.releases]
         plan = [(step, dead) for step, dead in zip(steps, releases) if step is not NOTHING or dead]
 

@@ -114,15 +114,12 @@ def _compile_gelu():
 _SIGMOID, _GELU = _compile_sigmoid(), _compile_gelu()  # here: vmath_jit imports the constants above
 
 
-def compiled_into(fn: Callable, x: Optional[np.ndarray] = None, out: Optional[np.ndarray] = None):
-    """For sigmoid or gelu with a compiled loop: without arrays, True; with x and out (float32, one
-    shape, C order), a call writing fn(x) into out (the compiled loop on the flat arrays), or None
-    where they do not fit. For other functions (or numpy only), None."""
+def compiled_into(fn: Callable, x: np.ndarray, out: np.ndarray) -> Optional[Callable[[], None]]:
+    """For sigmoid or gelu with a compiled loop, and x and out float32 of one shape in C order, apart:
+    a call writing fn(x) into out (the compiled loop on the flat arrays); else None."""
     compiled = _SIGMOID if fn is sigmoid else _GELU if fn is gelu else None
-    if compiled is None or x is None:
-        return compiled is not None or None
-    if not (x.dtype == out.dtype == F32 and x.shape == out.shape and x.ndim and x.flags.c_contiguous
-            and out.flags.c_contiguous) or np.may_share_memory(x, out):
+    if compiled is None or not (x.dtype == out.dtype == F32 and x.shape == out.shape and x.ndim
+                                and x.flags.c_contiguous and out.flags.c_contiguous) or np.may_share_memory(x, out):
         return None
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
 
@@ -195,7 +192,8 @@ def rms_tail_into(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarra
             and x.flags.c_contiguous and mean.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous) \
             or any(np.may_share_memory(out, t) for t in (mean, eps, x, w)):
         return None
-    means, eps_row, rows, out_rows, kernel = mean.reshape(-1), eps.reshape(-1)[:1], x.reshape(-1, n), out.reshape(-1, n), _RMS_TAIL
+    means, eps_row, kernel = mean.reshape(-1), eps.reshape(-1)[:1], _RMS_TAIL
+    rows, out_rows = x.reshape(-1, n), out.reshape(-1, n)
 
     def rms_tail_into_out() -> None:
         kernel(means, eps_row[0], rows, w, out_rows)  # eps read at each call, as rms_tail reads it
@@ -207,11 +205,9 @@ def rms_tail(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarray) ->
     """(x * rsqrt(mean + eps)) * w as XNNPACK's Add, ReciprocalSquareRoot and two Multiply nodes
     compute it: one compiled loop where the CPU has AVX-512F (x [..., n] and mean [..., 1] float32
     rows in C order, w [n], eps one value), else those four operations in numpy."""
-    n = x.shape[-1] if x.ndim else 0
-    if (_RMS_TAIL is not None and n and mean.shape == x.shape[:-1] + (1,) and w.shape == (n,) and eps.size == 1
-            and x.dtype == mean.dtype == w.dtype == eps.dtype == F32 and x.flags.c_contiguous
-            and mean.flags.c_contiguous and w.flags.c_contiguous):
-        out = np.empty(x.shape, F32)
-        _RMS_TAIL(mean.reshape(-1), eps.reshape(-1)[0], x.reshape(-1, n), w, out.reshape(-1, n))
+    out = np.empty(x.shape, F32)
+    compiled = rms_tail_into(mean, eps, x, w, out)
+    if compiled is not None:
+        compiled()
         return out
     return np.multiply(np.multiply(x, rsqrt(np.add(mean, eps))), w)
