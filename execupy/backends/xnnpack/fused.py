@@ -23,7 +23,7 @@ import numpy as np
 from ...kernels.fast import compiled_decode, rotate_pairs
 from ...kernels.fast import xnnpack_gemm as XG
 from . import vmath
-from .nodes import BUILDERS, NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, pack_qb4w, reads
+from .nodes import BUILDERS, NOTHING, TRANSPOSE_WEIGHTS, FixedBinding, Step, fixed_output, pack_qb4w, reads
 from .schema import EXTERNAL_OUTPUT, NO_VALUE, Graph, Node
 
 
@@ -122,11 +122,8 @@ def _rotate_pairs_step(ids: tuple[int, int, int, int], out: int) -> Step:
         a, b, c, s = xs
         if compiled is None or not _rows_with_tables(a, b, c, s):
             return None
-        if ys[0] is None:
-            ys[0] = np.empty(a.shape + (2,), np.float32)
-        result, d = ys[0], a.shape[-1]
-        if result.shape != a.shape + (2,) or result.dtype != np.float32 or not result.flags.c_contiguous or \
-                any(np.may_share_memory(result, t) for t in xs):
+        result, d = fixed_output(ys, a.shape + (2,)), a.shape[-1]
+        if result is None or not result.flags.c_contiguous or any(np.may_share_memory(result, t) for t in xs):
             return None
         args = (a.reshape(-1, d), b.reshape(-1, d), c.reshape(-1, d), s.reshape(-1, d), a.shape[-2],
                 result.reshape(-1, d, 2))
@@ -242,9 +239,8 @@ def _rms_tail_step(ids: tuple[int, int, int, int], out: int) -> Step:
         vals[out] = vmath.rms_tail(vals[mean], vals[eps], vals[x], vals[w])
 
     def bind(xs: list[np.ndarray], ys: list) -> Optional[Callable[[], None]]:
-        if ys[0] is None:
-            ys[0] = np.empty(xs[2].shape, np.float32)
-        return vmath.rms_tail_into(*xs, ys[0])
+        out = fixed_output(ys, xs[2].shape)
+        return None if out is None else vmath.rms_tail_into(*xs, out)
 
     rms_tail_step.bind_fixed = FixedBinding(ids, (out,), bind, makes_arrays=True)
     return rms_tail_step

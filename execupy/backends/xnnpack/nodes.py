@@ -138,8 +138,8 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], op: Optional[int
     return build
 
 
-def _output_array(ys: list, shape: tuple) -> Optional[np.ndarray]:
-    """The float32 array of `shape` a bound element-wise step writes: ys[0] when given (None if it
+def fixed_output(ys: list, shape: tuple) -> Optional[np.ndarray]:
+    """The float32 array of `shape` a bound step writes: ys[0] when given (None if it
     does not fit), else one made now and put in ys[0] (see FixedBinding)."""
     if ys[0] is None:
         ys[0] = np.empty(shape, F32)
@@ -151,7 +151,7 @@ def _unary_into(fn: Callable, x: np.ndarray, ys: list) -> Optional[Callable[[], 
     """A plain unary node's step on fixed arrays: a numpy ufunc with `out`, or vmath's compiled
     loop (the same bits as fn(x) returns); None for other functions."""
     fn = vmath.gelu if fn is _gelu else fn  # (what _gelu runs on float32)
-    y = _output_array(ys, x.shape) if x.dtype == F32 else None
+    y = fixed_output(ys, x.shape) if x.dtype == F32 else None
     if y is None:
         return None
     if not isinstance(fn, np.ufunc):
@@ -172,7 +172,7 @@ def _binary_into(fn: Callable, a: np.ndarray, b: np.ndarray, ys: list) -> Option
         shape = np.broadcast_shapes(a.shape, b.shape)
     except ValueError:  # the step says what is wrong
         return None
-    y = _output_array(ys, shape)
+    y = fixed_output(ys, shape)
     if y is None:
         return None
 
