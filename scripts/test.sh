@@ -12,5 +12,9 @@ if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[export
   cat .venv/pip.log >&2
   exit 1
 fi
-# the slowest tests listed at the end: CI must stay within 30 minutes on 2 cores
-.venv/bin/python -m pytest -q --durations=30 "$@"
+# Two worker processes, one a core: CI must stay within 30 minutes on 2 cores, and one process
+# left a core idle most of the time. Whole files go to one worker (--dist loadfile) because a
+# file's expensive fixtures are cached per process; the caches on disk that several files share
+# (programs, the reference venv, ExecuTorch's LLM) are built under a lock or renamed into place
+# whole. The slowest tests are listed at the end.
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=30 "$@"
