@@ -76,8 +76,8 @@ def test_logits_match_executorch_over_prefill_and_three_decode_steps(name, progr
 
 def test_fused_nodes_give_the_bits_of_the_nodes_one_by_one(name, program, monkeypatch):
     """backends/xnnpack/fused.py: the rotary embedding of q and of k, nine nodes each, runs as
-    one step each, an RMSNorm's last four nodes as one; the 8da4w program's products of one
-    input (q, k, v; gate, up) as one product.
+    one step each, an RMSNorm's last four nodes as one, a SwiGLU's Sigmoid and two Multiply nodes
+    as one; the 8da4w program's products of one input (q, k, v; gate, up) as one product.
     The logits are those of the nodes run one by one (EXECUPY_FUSION=0), bit for bit, over a
     prefill and three decode steps (the last two bound to the decode's shape plan)."""
     steps = _steps()
@@ -88,9 +88,10 @@ def test_fused_nodes_give_the_bits_of_the_nodes_one_by_one(name, program, monkey
     assert attentions and names.count("rotate_pairs_step") == 2 * attentions  # q's and k's of each layer
     assert names.count("sibling_products_step") == (2 * attentions if "8da4w" in name else 0)  # qkv, gate-up
     assert names.count("rms_tail_step") == 2 * attentions + 1  # two norms a layer, and the last one
+    assert names.count("swiglu_step") == attentions
     monkeypatch.setenv("EXECUPY_FUSION", "0")
     method = Program.load(program).load_method("forward")
-    assert not {"rotate_pairs_step", "sibling_products_step", "rms_tail_step"} & {
+    assert not {"rotate_pairs_step", "sibling_products_step", "rms_tail_step", "swiglu_step"} & {
         step.__name__ for h in method._delegate_handles.values() for step in h.steps}
     for k, (a, inputs) in enumerate(zip(fused, steps)):
         np.testing.assert_array_equal(a, method.execute(inputs)[0], err_msg=f"step {k}")

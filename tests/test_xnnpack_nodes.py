@@ -100,6 +100,9 @@ CASES = {
                                        nodes=["FullyConnected"], datatypes=["qdint8", "qcint8"], exact=True),
     "sigmoid_rsqrt": dict(model="Fn(lambda x: torch.sigmoid(x) * torch.rsqrt(x.abs() + 1e-3))",
                           inputs="(torch.randn(64, 97) * 6,)", nodes=["Sigmoid", "ReciprocalSquareRoot"], exact=True),
+    # a SwiGLU's gate: Sigmoid, Multiply, Multiply (backends/xnnpack/fused.py runs them as one step)
+    "swiglu": dict(model="Fn(lambda g, u: F.silu(g) * u)", inputs="(torch.randn(64, 97) * 6, torch.randn(64, 97) * 3)",
+                   nodes=["Sigmoid", "Multiply"], exact=True),
     # GELU's rational interpolant, on both sides of its clamp at +-5.16 and on its tails
     "gelu": dict(model="nn.GELU()", inputs="(torch.cat([torch.randn(64, 97) * 3, torch.linspace(-9, 9, 97)[None]]),)",
                  nodes=["Gelu"], exact=True),
@@ -271,3 +274,14 @@ def test_a_gelus_delegate_runs_as_its_compiled_loop_alone(programs):
     method = Program.load(str(folder / "gelu.pte")).load_method("forward")
     bound = [step.run.__name__ for step in method._steps if step.__name__ == "call_bound_delegate"]
     assert bound == ["compiled_into_out"]
+
+
+def test_a_swiglus_three_nodes_run_as_one_compiled_call(programs):
+    """fused.py's SwiGLU: the Sigmoid and two Multiply nodes are one step, bound as one call (the
+    bits are ExecuTorch's: the "swiglu" case above, exact)."""
+    folder, _ = programs
+    method = Program.load(str(folder / "swiglu.pte")).load_method("forward")
+    (handle,) = method._delegate_handles.values()
+    assert [s.__name__ for s in handle.steps if s.__name__ != "NOTHING"] == ["swiglu_step"]
+    bound = [step.run.__name__ for step in method._steps if step.__name__ == "call_bound_delegate"]
+    assert bound == ["swiglu_into_out"]

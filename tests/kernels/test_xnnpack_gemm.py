@@ -234,13 +234,16 @@ def _every_kind_of_float32(rng) -> np.ndarray:
                            np.array(specials, np.float32), bits])
 
 
-def test_compiled_sigmoid_gelu_and_rsqrt_equal_their_numpy_steps():
+def test_compiled_sigmoid_gelu_swiglu_and_rsqrt_equal_their_numpy_steps():
     from execupy.backends.xnnpack import vmath
 
     x = _every_kind_of_float32(np.random.default_rng(3))
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(vmath.sigmoid(x.reshape(5, -1)), vmath._sigmoid(x).reshape(5, -1))
         np.testing.assert_array_equal(vmath.gelu(x.reshape(5, -1)), vmath._gelu(x).reshape(5, -1))
+        u = np.roll(x, 7)  # the SwiGLU's nodes one by one in numpy, and its one compiled call
+        np.testing.assert_array_equal(vmath.swiglu(x.reshape(5, -1), u.reshape(5, -1)),
+                                      np.multiply(np.multiply(x, vmath._sigmoid(x)), u).reshape(5, -1))
     if vmath._RSQRT is not None:  # a CPU with AVX-512F: XNNPACK's estimate, then its Newton step
         a = np.concatenate([np.abs(x), x]).reshape(2, 1, -1)
         np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, vmath._RSQRT14(a.reshape(-1)).reshape(a.shape)))
@@ -251,12 +254,13 @@ import types
 import numpy as np
 from execupy.backends.xnnpack import vmath, vmath_jit
 x = np.linspace(-8, 8, 64, dtype=np.float32)
-vmath.sigmoid(x), vmath.gelu(x)
-K = types.SimpleNamespace(KERNELS={"sigmoid_into": vmath_jit.sigmoid_into, "gelu_into": vmath_jit.gelu_into})
+vmath.sigmoid(x), vmath.gelu(x), vmath.swiglu(x, x)
+K = types.SimpleNamespace(KERNELS={"sigmoid_into": vmath_jit.sigmoid_into, "gelu_into": vmath_jit.gelu_into,
+                                   "swiglu_into": vmath_jit.swiglu_into})
 """
 
 
-def test_a_second_process_finds_the_compiled_sigmoid_and_gelu_in_numbas_cache(tmp_path):
+def test_a_second_process_finds_the_compiled_sigmoid_gelu_and_swiglu_in_numbas_cache(tmp_path):
     """Module-level kernels: a sigmoid made inside a function, around an fma intrinsic, missed
     numba's disk cache and was compiled again at every XNNPACK program's load (1.1 s)."""
     from tests.numba_cache import two_processes_cache_stats

@@ -3,13 +3,14 @@ partitioner leaves as nine nodes for each of q and k (SmolLM2's decode step runs
 delegates per token, each node a numpy call of a microsecond on 9 x 32 floats); and the 4-bit
 products of one input (a layer's q, k and v; its gate and up) as one product over their
 filters side by side, quantizing the input once, the small k and v no longer alone on one core;
-and an RMSNorm's last four nodes (add eps, rsqrt, two multiplies: vmath.rms_tail); and a
+and an RMSNorm's last four nodes (add eps, rsqrt, two multiplies: vmath.rms_tail); and a SwiGLU's
+Sigmoid and two Multiply nodes (vmath.swiglu, one compiled call); and a
 Clamp as the output bounds of the conv, product or add before it.
 
 `fused_steps(graph, g)` finds the patterns; for each it returns the step of one of its nodes
 (the last, or for sibling products the first, where their input is ready), which does the
 whole pattern's work, and NOTHING for the others. The step computes what the nodes compute,
-operation for operation (kernels.fast.rotate_pairs, vmath.rms_tail; each product's panels
+operation for operation (kernels.fast.rotate_pairs, vmath.rms_tail, vmath.swiglu; each product's panels
 alone), so the results are the same bits. `reads_at` tells the release plan which node's step
 reads a pattern node's inputs.
 """
@@ -246,6 +247,44 @@ def _rms_tail_step(ids: tuple[int, int, int, int], out: int) -> Step:
     return rms_tail_step
 
 
+def _match_swiglu(nodes: _Nodes, k: int) -> Optional[tuple[list[int], tuple[int, int], int]]:
+    """At a Multiply of Multiply(x, Sigmoid(x)) by u (either operand order at each): (the
+    pattern's node indices, (x, u), the output value)."""
+    graph = nodes.graph
+    last = graph.nodes[k]
+    out = last.fields["output_id"]
+    if last.kind != "Multiply" or not _unclamped(last) or graph.values[out].datatype != "fp32":
+        return None
+    for gated, u in (_operands(last), _operands(last)[::-1]):
+        inner = nodes.inner(gated, "Multiply", k)
+        if inner is None:
+            continue
+        for x, s in (_operands(inner), _operands(inner)[::-1]):
+            sigmoid = nodes.inner(s, "Sigmoid", nodes.producer[gated])
+            if sigmoid is None or sigmoid.fields["input_id"] != x:
+                continue
+            if any(graph.values[v].datatype != "fp32" for v in (x, u)):
+                return None
+            return [k, nodes.producer[gated], nodes.producer[s]], (x, u), out
+    return None
+
+
+def _swiglu_step(ids: tuple[int, int], out: int) -> Step:
+    x, u = ids
+
+    def swiglu_step(vals: list) -> None:
+        vals[out] = vmath.swiglu(vals[x], vals[u])
+
+    def bind(xs: list[np.ndarray], ys: list) -> Optional[Callable[[], None]]:
+        if xs[0].shape != xs[1].shape:
+            return None  # (a broadcast u: the value-list step)
+        out = fixed_output(ys, xs[0].shape)
+        return None if out is None else vmath.swiglu_into(*xs, out)
+
+    swiglu_step.bind_fixed = FixedBinding(ids, (out,), bind, makes_arrays=True)
+    return swiglu_step
+
+
 # Nodes whose steps apply the node's own output bounds (XNNPACK's fused activation).
 BOUNDED = {"Conv2d", "DepthwiseConv2d", "ConvTranspose2d", "FullyConnected", "Add", "Subtract", "Multiply"}
 
@@ -288,6 +327,8 @@ def fused_steps(graph: Graph, g) -> Fused:
             match, make = _match_rotate_pairs(nodes, k), _rotate_pairs_step
         elif node.kind == "Multiply":
             match, make = _match_rms_tail(nodes, k), _rms_tail_step
+            if match is None:
+                match, make = _match_swiglu(nodes, k), _swiglu_step
         else:
             continue
         if match is None:

@@ -75,6 +75,35 @@ def _compile_sigmoid():
     return vmath_jit.sigmoid_into
 
 
+def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """A SwiGLU's Sigmoid, Multiply and Multiply nodes: (g * sigmoid(g)) * u, each node's result
+    rounded to float32 (a product's operands in either order give the same value), in one
+    compiled call where numba is and g and u have one shape, else node by node in numpy."""
+    g, u = np.asarray(g, F32), np.asarray(u, F32)
+    if _SWIGLU is not None and g.shape == u.shape and g.ndim:
+        g, u = np.ascontiguousarray(g), np.ascontiguousarray(u)
+        out = np.empty_like(g)
+        _SWIGLU(g.reshape(-1), u.reshape(-1), out.reshape(-1))
+        return out
+    with np.errstate(all="ignore"):
+        return np.multiply(np.multiply(g, sigmoid(g)), u)
+
+
+def swiglu_into(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> Optional[Callable[[], None]]:
+    """swiglu's compiled loop as a call on fixed arrays writing into out (float32 arrays of one
+    shape in C order, out apart from g and u), or None where it does not fit."""
+    arrays = (g, u, out)
+    if _SWIGLU is None or not all(a.dtype == F32 and a.shape == g.shape and a.flags.c_contiguous for a in arrays) \
+            or not g.ndim or np.may_share_memory(out, g) or np.may_share_memory(out, u):
+        return None
+    flat_g, flat_u, flat_out, kernel = g.reshape(-1), u.reshape(-1), out.reshape(-1), _SWIGLU
+
+    def swiglu_into_out() -> None:  # (the loop's own return value dropped: a bound call returns None)
+        kernel(flat_g, flat_u, flat_out)
+
+    return swiglu_into_out
+
+
 # ---------------------------------------------------------------- GELU
 # XNNPACK's f32 GELU (its `f32-vgelu rational_12_10_div` kernels) is x/2 * (1 + r(x)) with r a
 # rational interpolant of erf(x / sqrt 2), an odd degree-11 numerator over an even degree-10
@@ -103,6 +132,14 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return ((x * F32(0.5)) * ((c * p) / q + F32(1))).astype(F32)
 
 
+def _compile_swiglu():
+    if quantized.BACKEND != "numba":
+        return None
+    from . import vmath_jit  # module level: numba's disk cache finds it in the next process
+
+    return vmath_jit.swiglu_into
+
+
 def _compile_gelu():
     if quantized.BACKEND != "numba":
         return None
@@ -112,6 +149,7 @@ def _compile_gelu():
 
 
 _SIGMOID, _GELU = _compile_sigmoid(), _compile_gelu()  # here: vmath_jit imports the constants above
+_SWIGLU = _compile_swiglu()
 
 
 def compiled_into(fn: Callable, x: np.ndarray, out: np.ndarray) -> Optional[Callable[[], None]]:
@@ -161,6 +199,7 @@ def warm_up() -> None:
     x, weight = np.ones((2, 8), F32), np.ones(8, F32)
     weight.flags.writeable = False
     sigmoid(x)
+    swiglu(x, x)
     rms_tail(np.ones((2, 1), F32), np.ones(1, F32), x, weight)
 
 
