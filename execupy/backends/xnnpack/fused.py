@@ -17,7 +17,7 @@ reads a pattern node's inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -206,30 +206,36 @@ def _sibling_products_step(graph: Graph, g, ks: list[int]) -> Optional[Step]:
     return sibling_products_step
 
 
+def _products_of_products(nodes: _Nodes, k: int) -> Iterator[tuple[int, int, int, int]]:
+    """At node k, a Multiply without bounds writing fp32, of Multiply(a, b) by w (the inner
+    product read by k alone): (w, a, b, the inner Multiply's index) in each operand order."""
+    graph = nodes.graph
+    last = graph.nodes[k]
+    if last.kind != "Multiply" or not _unclamped(last) or graph.values[last.fields["output_id"]].datatype != "fp32":
+        return
+    for p, w in (_operands(last), _operands(last)[::-1]):
+        if nodes.inner(p, "Multiply", k) is not None:
+            inner = nodes.producer[p]
+            for a, b in (_operands(graph.nodes[inner]), _operands(graph.nodes[inner])[::-1]):
+                yield w, a, b, inner
+
+
 def _match_rms_tail(nodes: _Nodes, k: int) -> Optional[tuple[list[int], tuple[int, int, int, int], int]]:
     """At a Multiply of Multiply(x, ReciprocalSquareRoot(Add(mean, eps))) by w (either operand
     order at each): (the pattern's node indices, (mean, eps, x, w), the output value)."""
     graph = nodes.graph
-    last = graph.nodes[k]
-    out = last.fields["output_id"]
-    if last.kind != "Multiply" or not _unclamped(last) or graph.values[out].datatype != "fp32":
-        return None
-    for scaled, w in (_operands(last), _operands(last)[::-1]):
-        inner = nodes.inner(scaled, "Multiply", k)
-        if inner is None:
+    for w, x, r, inner in _products_of_products(nodes, k):
+        root = nodes.inner(r, "ReciprocalSquareRoot", inner)
+        if root is None:
             continue
-        for x, r in (_operands(inner), _operands(inner)[::-1]):
-            root = nodes.inner(r, "ReciprocalSquareRoot", nodes.producer[scaled])
-            if root is None:
-                continue
-            add = nodes.inner(root.fields["input_id"], "Add", nodes.producer[r])
-            if add is None:
-                continue
-            mean, eps = _operands(add)
-            if any(graph.values[v].datatype != "fp32" for v in (mean, eps, x, w)):
-                return None
-            found = [k, nodes.producer[scaled], nodes.producer[r], nodes.producer[root.fields["input_id"]]]
-            return found, (mean, eps, x, w), out
+        add = nodes.inner(root.fields["input_id"], "Add", nodes.producer[r])
+        if add is None:
+            continue
+        mean, eps = _operands(add)
+        if any(graph.values[v].datatype != "fp32" for v in (mean, eps, x, w)):
+            return None
+        found = [k, inner, nodes.producer[r], nodes.producer[root.fields["input_id"]]]
+        return found, (mean, eps, x, w), graph.nodes[k].fields["output_id"]
     return None
 
 
@@ -251,21 +257,13 @@ def _match_swiglu(nodes: _Nodes, k: int) -> Optional[tuple[list[int], tuple[int,
     """At a Multiply of Multiply(x, Sigmoid(x)) by u (either operand order at each): (the
     pattern's node indices, (x, u), the output value)."""
     graph = nodes.graph
-    last = graph.nodes[k]
-    out = last.fields["output_id"]
-    if last.kind != "Multiply" or not _unclamped(last) or graph.values[out].datatype != "fp32":
-        return None
-    for gated, u in (_operands(last), _operands(last)[::-1]):
-        inner = nodes.inner(gated, "Multiply", k)
-        if inner is None:
+    for u, x, s, inner in _products_of_products(nodes, k):
+        sigmoid = nodes.inner(s, "Sigmoid", inner)
+        if sigmoid is None or sigmoid.fields["input_id"] != x:
             continue
-        for x, s in (_operands(inner), _operands(inner)[::-1]):
-            sigmoid = nodes.inner(s, "Sigmoid", nodes.producer[gated])
-            if sigmoid is None or sigmoid.fields["input_id"] != x:
-                continue
-            if any(graph.values[v].datatype != "fp32" for v in (x, u)):
-                return None
-            return [k, nodes.producer[gated], nodes.producer[s]], (x, u), out
+        if any(graph.values[v].datatype != "fp32" for v in (x, u)):
+            return None
+        return [k, inner, nodes.producer[s]], (x, u), graph.nodes[k].fields["output_id"]
     return None
 
 
