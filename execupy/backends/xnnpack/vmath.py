@@ -65,16 +65,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(np.signbit(x), f, F32(1) - f).astype(F32)
 
 
-def _compile_sigmoid():
-    """_sigmoid's steps element by element in one compiled loop (vmath_jit.sigmoid_into): a
-    SwiGLU's sigmoid took 40 us in numpy's dozen passes."""
-    if quantized.BACKEND != "numba":  # numba not installed, or EXECUPY_NUMBA=0
-        return None
-    from . import vmath_jit  # module level: numba's disk cache finds it in the next process
-
-    return vmath_jit.sigmoid_into
-
-
 def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """A SwiGLU's Sigmoid, Multiply and Multiply nodes: (g * sigmoid(g)) * u, each node's result
     rounded to float32 (a product's operands in either order give the same value), in one
@@ -132,24 +122,19 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return ((x * F32(0.5)) * ((c * p) / q + F32(1))).astype(F32)
 
 
-def _compile_swiglu():
+def _compiled(name: str) -> Optional[Callable]:
+    """vmath_jit's loop `name` (each node's steps element by element: a SwiGLU's sigmoid took 40 us
+    in numpy's dozen passes), or None without numba or with EXECUPY_NUMBA=0. The loops are module
+    level, where numba's disk cache finds them in the next process."""
     if quantized.BACKEND != "numba":
         return None
-    from . import vmath_jit  # module level: numba's disk cache finds it in the next process
+    from . import vmath_jit
 
-    return vmath_jit.swiglu_into
-
-
-def _compile_gelu():
-    if quantized.BACKEND != "numba":
-        return None
-    from . import vmath_jit  # module level: numba's disk cache finds it in the next process
-
-    return vmath_jit.gelu_into
+    return getattr(vmath_jit, name)
 
 
-_SIGMOID, _GELU = _compile_sigmoid(), _compile_gelu()  # here: vmath_jit imports the constants above
-_SWIGLU = _compile_swiglu()
+# here, below the constants vmath_jit imports
+_SIGMOID, _GELU, _SWIGLU = _compiled("sigmoid_into"), _compiled("gelu_into"), _compiled("swiglu_into")
 
 
 def compiled_into(fn: Callable, x: np.ndarray, out: np.ndarray) -> Optional[Callable[[], None]]:
