@@ -69,11 +69,11 @@ def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """A SwiGLU's Sigmoid, Multiply and Multiply nodes: (g * sigmoid(g)) * u, each node's result
     rounded to float32 (a product's operands in either order give the same value), in one
     compiled call where numba is and g and u have one shape, else node by node in numpy."""
-    g, u = np.asarray(g, F32), np.asarray(u, F32)
-    if _SWIGLU is not None and g.shape == u.shape and g.ndim:
-        g, u = np.ascontiguousarray(g), np.ascontiguousarray(u)
-        out = np.empty_like(g)
-        _SWIGLU(g.reshape(-1), u.reshape(-1), out.reshape(-1))
+    g, u = np.require(g, F32, "C"), np.require(u, F32, "C")
+    out = np.empty(g.shape, F32)
+    compiled = swiglu_into(g, u, out)
+    if compiled is not None:
+        compiled()
         return out
     with np.errstate(all="ignore"):
         return np.multiply(np.multiply(g, sigmoid(g)), u)
