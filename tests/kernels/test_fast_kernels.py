@@ -134,7 +134,7 @@ def test_two_mat_vecs_of_one_row_on_the_two_cores_equal_each_alone(bits):
     for _ in range(20):  # the thread is spinning after the first: later calls are shared for real
         first[:], second[:] = np.nan, np.nan
         SECOND_THREAD.call(matvec_pair, (x, a.qt, a.scales, a.offsets, b.qt, b.scales, b.offsets, a.group_size,
-                                         a.rows_per_word, first, second), True)
+                                         a.bits, first, second), True)
         assert np.array_equal(first, alone[0]) and np.array_equal(second, alone[1])
     pair()
     assert np.array_equal(first, alone[0]) and np.array_equal(second, alone[1])
@@ -190,7 +190,7 @@ cache = np.ones((8, 1, 16), np.float32)
 for share in (False, True):  # two small mat-vecs of one row, alone and at once
     w = Q.pack(rng.integers(0, 15, (64, 1024)).astype(np.int8), np.ones((64, 32), np.float32), None, 32)
     SECOND_THREAD.call(S.matvec_pair, (np.ones((1, 1024), np.float32), w.qt, w.scales, w.offsets, w.qt, w.scales,
-                                       w.offsets, 32, 8, np.empty((1, 64), np.float32), np.empty((1, 64), np.float32)),
+                                       w.offsets, 32, w.bits, np.empty((1, 64), np.float32), np.empty((1, 64), np.float32)),
                        share)
 for share in (False, True):  # a decode attention, alone and shared
     SECOND_THREAD.call(S.attention_halves, (np.ones((3, 16), np.float32), cache, cache, 5, np.float32(0.5), 512,
@@ -248,24 +248,45 @@ def test_4bit_weights_pack_eight_to_a_word_and_compute_the_same(values, nibbles,
         assert np.all(np.abs(got - expected) <= 1e-5 * np.abs(expected).max(axis=1, keepdims=True) + 1e-6)
 
 
-@pytest.mark.parametrize("group,rows_per_word", [(32, 4), (6, 1)])
-@pytest.mark.parametrize("n", [70, 4200])  # 4200 > WIDE_COLUMNS: four words per pass
+@pytest.mark.parametrize("group", [32, 6, 96])
+@pytest.mark.parametrize("n", [70, 4200])  # a partial last panel; many panels
 @pytest.mark.parametrize("m", [1, 6])
-def test_8bit_weights_pack_four_to_a_word_and_compute_the_same(group, rows_per_word, n, m):
-    """int8 weights are stored four rows to an int32 word, each byte's sign kept, when the
-    group size allows (a multiple of 4); otherwise one row per byte. Either way qlinear is x @ w.T."""
+def test_8bit_weights_are_stored_in_panels_of_64_outputs_and_compute_the_same(group, n, m):
+    """int8 weights are stored input-major in panels of 64 output columns, [P, K, 64] (a panel's
+    row one cache line), whatever the group size; qlinear is x @ w.T, decode and prompt."""
     rng = np.random.default_rng(n + m)
     q = rng.integers(-128, 128, (n, 96)).astype(np.int8)
     scales = (rng.random((n, 96 // group)) * 0.05 + 1e-3).astype(np.float32)
     zeros = rng.integers(-8, 8, (n, 96 // group)).astype(np.int8)
     packed = Q.pack(q, scales, zeros, group)
-    assert packed.rows_per_word == rows_per_word and not packed.nibbles and packed.shape == (n, 96)
+    assert packed.bits == 8 and not packed.nibbles and packed.shape == (n, 96)
+    assert packed.qt.shape == (-(-n // 64), 96, 64) and packed.qt.dtype == np.int8
+    assert np.array_equal(packed.qt[1, :, 5], q[64 + 5])  # output 69's weights: panel 1, lane 5
     x = rng.standard_normal((m, 96)).astype(np.float32)
     w = dequantized(q, scales, zeros, -128, 127, group)
     np.testing.assert_allclose(Q.dequantize_columns(packed, 0, n), w.T, rtol=1e-6, atol=1e-6)  # q * s + (-z * s)
     expected = x @ w.T
     for impl in [Q.NUMPY] + ([Q.NUMBA] if Q.NUMBA is not None else []):
         assert_within_float32_rounding(impl["qlinear"](x, packed), expected)
+
+
+@needs_numba
+@pytest.mark.parametrize("rows", [576, 7, 1])
+def test_the_8bit_panel_sums_in_512_bit_registers_equal_numbas_own_loop(rows):
+    """A CPU with AVX-512 sums a panel of 8-bit weights in explicit 512-bit registers; numba's
+    loop (every other CPU) gives the same sums to float32 rounding, on every run of rows."""
+    from execupy.kernels.fast import quantized_jit as K
+
+    rng = np.random.default_rng(rows)
+    qp = rng.integers(-128, 128, (3, rows + 5, 64)).astype(np.int8)
+    x = rng.standard_normal(rows + 5).astype(np.float32)
+    loop, used = np.empty(64, np.float32), np.empty(64, np.float32)
+    K.byte_panel_sums_loop(qp, x, 2, 3, 3 + rows, loop)
+    expected = (x[3:3 + rows].astype(np.float64) @ qp[2, 3:3 + rows].astype(np.float64))
+    assert np.all(np.abs(loop - expected) <= 1e-5 * np.abs(expected).max() + 1e-6)
+    assert (K.byte_panel_sums is K.byte_panel_sums_loop) is not K.AVX512
+    K.byte_panel_sums(qp, x, 2, 3, 3 + rows, used)
+    assert np.all(np.abs(used - expected) <= 1e-5 * np.abs(expected).max() + 1e-6)
 
 
 @needs_numba
@@ -286,15 +307,15 @@ def test_packing_warms_the_compiled_kernels_up_at_load():
 @pytest.mark.parametrize("values, group", [((-8, 8), 32), ((0, 16), 32), ((-128, 128), 32), ((-128, 128), 576),
                                            ((-100, 100), 6)])  # int4, uint4, int8 words (grouped, per row), bytes
 def test_compiled_packing_lays_out_the_numpy_words(monkeypatch, values, group):
-    """At load, numba packs a weight's rows into words in one pass (quantized_jit.pack_rows):
-    the very words, scales and offsets numpy's dozen passes make."""
+    """At load, numba packs a weight's rows into words or byte panels in one pass
+    (quantized_jit.pack_nibbles, pack_byte_panels): the very arrays numpy's passes make."""
     rng = np.random.default_rng(group)
     q = rng.integers(*values, (96, 576)).astype(np.int8)
     s = rng.random((96, 576 // group)).astype(np.float32)
     compiled = Q._pack(q, s, None, group)
     monkeypatch.setattr(Q, "NUMBA", None)
     plain = Q._pack(q, s, None, group)
-    assert compiled.rows_per_word == plain.rows_per_word and compiled.qt.dtype == plain.qt.dtype
+    assert compiled.bits == plain.bits and compiled.qt.dtype == plain.qt.dtype
     for a, b in ((compiled.qt, plain.qt), (compiled.scales, plain.scales), (compiled.offsets, plain.offsets)):
         assert np.array_equal(a, b)
 
@@ -400,7 +421,7 @@ def test_a_half_the_second_thread_claimed_but_never_finished_is_taken_back():
     packed, _ = packed_grouped(rng, 8192, 1024, 32, 4, False)  # a long first half: time for the fake to claim
     x = rng.standard_normal((1, 1024)).astype(np.float32)
     alone = np.empty((1, 8192), np.float32)
-    SecondThread().matvec(x, packed.qt, packed.scales, packed.offsets, 32, 8, alone, share=False)
+    SecondThread().matvec(x, packed.qt, packed.scales, packed.offsets, 32, packed.bits, alone, share=False)
     for _ in range(50):  # the fake must claim before the caller does: on a busy machine it often loses its core
         second = SecondThread()
         second.ctrl[S.STATE] = S.SPINNING  # as if its thread were running: the fake stands in for it
@@ -410,7 +431,7 @@ def test_a_half_the_second_thread_claimed_but_never_finished_is_taken_back():
         while not ready[0]:
             fake.join(0.01)
         out = np.empty((1, 8192), np.float32)
-        assert second.matvec(x, packed.qt, packed.scales, packed.offsets, 32, 8, out, share=True)
+        assert second.matvec(x, packed.qt, packed.scales, packed.offsets, 32, packed.bits, out, share=True)
         fake.join()
         assert np.array_equal(out, alone)
         assert second.taken_back == int(claimed[0])

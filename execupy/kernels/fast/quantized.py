@@ -79,30 +79,28 @@ def unpanel(a: np.ndarray, n: int) -> np.ndarray:
 class PackedWeight:
     """A grouped quantized weight laid out once, at load, for `qlinear`: w = q * scale + offset.
 
-    Stored input-major (the transpose of the [N, K] weight): a decode step walks the K rows of
-    `qt` once, and every output's running sum advances in the same SIMD lane, so no horizontal
-    sums and no per-group reductions. 4-bit weights go eight rows to a 32-bit word (`nibbles`):
-    decode reads every weight byte once per token, so half the bytes is close to half the time,
-    and a word's rows come out with a shift and a mask in the lane that uses them (with two
-    rows per byte, widening bytes to 32-bit lanes took a shuffle per 16 weights; the words
-    made a cold 576x576 mat-vec 2x faster). Their words, scales and offsets are cut into panels
-    of PANEL output columns, [N/64, rows, 64]: a panel's rows are one run of memory that the
-    mat-vec streams while its 64 sums stay in registers (from memory, one thread, SmolLM2's
-    1536x576 41 -> 29 us, 576x1536 40 -> 31, 576x576 17 -> 14 against [K/8, N] rows, whose
-    2-4 KiB strides the prefetcher followed worse), and each of two threads takes whole panels.
-    8-bit weights go four rows to an int32 word the same way, unpanelled (each byte sign-extended
-    by two shifts in its lane: 1.8-2.4x on SmolLM2's small shapes); only a group size that is not
-    a multiple of 4 keeps one int8 row per input."""
+    Stored input-major (the transpose of the [N, K] weight) and cut into panels of PANEL output
+    columns, [N/64, rows, 64]: a decode step walks a panel's rows, one run of memory the mat-vec
+    streams while the panel's 64 running sums stay in registers, every output's sum advancing in
+    its own SIMD lane (no horizontal sums, no per-group reductions), and each of two threads
+    takes whole panels (from memory, one thread, SmolLM2's 4-bit 1536x576 41 -> 29 us, 576x1536
+    40 -> 31, 576x576 17 -> 14 against [K/8, N] rows, whose 2-4 KiB strides the prefetcher followed
+    worse; its 8-bit weights 6.5 -> 12 G weights/s against four rows to an int32 word in [K/4, N],
+    whose running sums went through memory). Scales and offsets are in the same panels.
+    8-bit weights are int8 [P, K, PANEL], a row of a panel one cache line. 4-bit weights go eight
+    rows to a 32-bit word, [P, K/8, PANEL]: decode reads every weight byte once per token, so half
+    the bytes is close to half the time, and a word's rows come out with a shift and a mask in the
+    lane that uses them (with two rows per byte, widening bytes to 32-bit lanes took a shuffle per
+    16 weights; the words made a cold 576x576 mat-vec 2x faster)."""
 
-    # rows_per_word 1: int8 [K, N]; 4: int32 [K/4, N], row 4i + r in byte r (signed);
-    # 8: uint32 panels [P, K/8, PANEL], row 8i + r in bits 4r..4r+3
+    # bits 8: int8 [P, K, PANEL]; 4: uint32 [P, K/8, PANEL], row 8i + r in bits 4r..4r+3
     qt: np.ndarray
-    scales: np.ndarray  # float32 [K / group_size, N] (nibbles: panels [P, K / group_size, PANEL])
+    scales: np.ndarray  # float32 panels [P, K / group_size, PANEL]
     offsets: np.ndarray  # float32, as scales: min - zero * scale (- shift * scale for nibbles)
     group_size: int
     k: int
     n: int
-    rows_per_word: int
+    bits: int
     serial_s: float = 0.0  # the last one-thread decode mat-vec on it, seconds (assumed until one); see kernels/cores.py
 
     def __post_init__(self) -> None:
@@ -115,8 +113,8 @@ class PackedWeight:
 
     @property
     def nibbles(self) -> bool:
-        """4-bit rows, eight to a word, in panels."""
-        return self.rows_per_word == 8
+        """4-bit rows, eight to a word."""
+        return self.bits == 4
 
     @property
     def nbytes(self) -> int:
@@ -146,9 +144,9 @@ def _pack(q: np.ndarray, scales: np.ndarray, zeros: Optional[np.ndarray], group_
     offsets = group_offsets(s, zeros, mins)
     shift = nibble_shift(q)
     if shift is None or group_size % 8:
-        return _pack_bytes(q, s, offsets, group_size)
-    words = _words(q, shift, 4) if NUMBA is not None else nibble_words((q.T + np.int8(shift)).view(np.uint8))
-    return PackedWeight(panels(words), panels(s.T), panels((offsets - np.float32(shift) * s).T), group_size, k, n, 8)
+        return PackedWeight(_byte_panels(q), panels(s.T), panels(offsets.T), group_size, k, n, 8)
+    words = _nibble_words(q, shift)
+    return PackedWeight(panels(words), panels(s.T), panels((offsets - np.float32(shift) * s).T), group_size, k, n, 4)
 
 
 def nibble_shift(q: np.ndarray) -> Optional[int]:
@@ -176,29 +174,22 @@ def unpack_nibbles(words: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _pack_bytes(q: np.ndarray, s: np.ndarray, offsets: np.ndarray, group_size: int) -> PackedWeight:
-    """8-bit q [N, K]: four rows to an int32 word (row 4i + r in byte r) where groups allow it."""
-    n, k = q.shape
-    if group_size % 4 == 0 and NUMBA is not None:
-        qt = _words(q, 0, 8).view(np.int32)
-    elif group_size % 4 == 0:
-        u = np.ascontiguousarray(q.T).view(np.uint8)
-        words = np.zeros((k // 4, n), np.uint32)
-        for r in range(4):
-            words |= u[r::4].astype(np.uint32) << np.uint32(8 * r)
-        qt = words.view(np.int32)
-    else:
-        qt = np.ascontiguousarray(q.T)
-    return PackedWeight(qt, np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T), group_size, k, n,
-                        4 if group_size % 4 == 0 else 1)
-
-
-def _words(q: np.ndarray, shift: int, bits: int) -> np.ndarray:
-    """The compiled form of nibble_words (bits 4) and of _pack_bytes' words (bits 8): the same words."""
-    n, k = q.shape
-    words = np.empty((k * bits // 32, n), np.uint32)
-    NUMBA["pack_rows"](np.ascontiguousarray(q, np.int8), np.int32(shift), bits, words)
+def _nibble_words(q: np.ndarray, shift: int) -> np.ndarray:
+    """nibble_words of q [N, K] + shift, compiled in one pass where numba is (the same words)."""
+    if NUMBA is None:
+        return nibble_words((q.T + np.int8(shift)).view(np.uint8))
+    words = np.empty((q.shape[1] // 8, q.shape[0]), np.uint32)
+    NUMBA["pack_nibbles"](np.ascontiguousarray(q, np.int8), np.int32(shift), words)
     return words
+
+
+def _byte_panels(q: np.ndarray) -> np.ndarray:
+    """int8 q [N, K] as panels of its transpose, [P, K, PANEL] (compiled in one pass where numba is)."""
+    if NUMBA is None:
+        return panels(np.ascontiguousarray(q.T, np.int8))
+    qp = np.empty((-(-q.shape[0] // PANEL), q.shape[1], PANEL), np.int8)
+    NUMBA["pack_byte_panels"](np.ascontiguousarray(q, np.int8), qp)
+    return qp
 
 
 _warm = {"done": False}
@@ -211,7 +202,7 @@ def warm_up() -> None:
     if NUMBA is None or _warm["done"]:
         return
     _warm["done"] = True
-    for values in ((-128, 127), (0, 15)):  # int8 words, 4-bit words
+    for values in ((-128, 127), (0, 15)):  # 8-bit panels, 4-bit words
         q = np.full((64, 32), values[1], np.int8)
         w = _pack(q, np.ones((64, 1), np.float32), None, 32)
         for m in (1, BLAS_MIN_ROWS):
@@ -232,15 +223,11 @@ def _warm_pair(w: PackedWeight) -> PackedWeight:
     second_thread_jit.matvec_pair) once on a few of its columns, as `warm_up` does the other
     kernels: that layout's machine code read from numba's cache now (13-14 ms), not in the
     first generated token, and no layout the program lacks."""
-    if NUMBA is None or w.rows_per_word in _warm_layouts:
+    if NUMBA is None or w.bits in _warm_layouts:
         return w
-    _warm_layouts.add(w.rows_per_word)
-    few = min(8, w.shape[0])
-    if w.nibbles:  # the first panel, of which `few` outputs
-        part = PackedWeight(w.qt[:1], w.scales[:1], w.offsets[:1], w.group_size, w.k, few, 8)
-    else:
-        part = PackedWeight(np.ascontiguousarray(w.qt[:, :few]), np.ascontiguousarray(w.scales[:, :few]),
-                            np.ascontiguousarray(w.offsets[:, :few]), w.group_size, w.k, few, w.rows_per_word)
+    _warm_layouts.add(w.bits)
+    few = min(8, w.shape[0])  # of the first panel
+    part = PackedWeight(w.qt[:1], w.scales[:1], w.offsets[:1], w.group_size, w.k, few, w.bits)
     x, outs = np.zeros((1, w.k), np.float32), np.empty((2, 1, few), np.float32)
     pair = NUMBA["bind_matvec"](x, part, outs[0]).pair_with(NUMBA["bind_matvec"](x, part, outs[1]))
     if pair is not None:
@@ -250,14 +237,8 @@ def _warm_pair(w: PackedWeight) -> PackedWeight:
 
 def _integer_rows(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
     """The stored integers of columns j0..j1, [K, j1 - j0]."""
-    if w.rows_per_word == 1:
-        return w.qt[:, j0:j1]
-    if w.rows_per_word == 4:  # each byte shifted to the top, then arithmetically down: its sign kept
-        rows = np.empty((w.k, j1 - j0), np.int8)
-        for r in range(4):
-            rows[r::4] = (w.qt[:, j0:j1] << np.int32(24 - 8 * r)) >> np.int32(24)
-        return rows
-    return unpack_nibbles(_panel_columns(w.qt, j0, j1))
+    rows = _panel_columns(w.qt, j0, j1)
+    return unpack_nibbles(rows) if w.nibbles else rows
 
 
 def _panel_columns(a: np.ndarray, j0: int, j1: int) -> np.ndarray:
@@ -269,8 +250,7 @@ def _panel_columns(a: np.ndarray, j0: int, j1: int) -> np.ndarray:
 def dequantize_columns(w: PackedWeight, j0: int, j1: int) -> np.ndarray:
     """float32 [K, j1 - j0]: columns j0..j1 of the dequantized transposed weight (numpy)."""
     cols = j1 - j0
-    scales, offsets = ((_panel_columns(w.scales, j0, j1), _panel_columns(w.offsets, j0, j1)) if w.nibbles
-                       else (w.scales[:, j0:j1], w.offsets[:, j0:j1]))
+    scales, offsets = _panel_columns(w.scales, j0, j1), _panel_columns(w.offsets, j0, j1)
     groups = _integer_rows(w, j0, j1).reshape(-1, w.group_size, cols) * scales[:, None] + offsets[:, None]
     return groups.reshape(w.k, cols)
 
@@ -309,11 +289,11 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     def qlinear(x, w: PackedWeight, threads: Optional[int] = None):
         """`threads` (decode only) overrides the choice between one thread and all of them."""
-        (n, k), m = w.shape, x.shape[0]
+        n, m = w.shape[0], x.shape[0]
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty((m, n), np.float32)
         if m < BLAS_MIN_ROWS:  # decode: one pass over the integers
-            SECOND_THREAD.run(ST.matvec_halves, (x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out),
+            SECOND_THREAD.run(ST.matvec_halves, (x, w.qt, w.scales, w.offsets, w.group_size, w.bits, out),
                               w if w.nbytes >= SHARE_MIN_BYTES else None, threads)
             return out
         qlinear_columns(x, w, 0, n, out)
@@ -323,7 +303,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         """A decode step out = x @ w.T on arrays fixed at bind (x [1, K], out [1, N], C order):
         `qlinear`'s mat-vec with its arguments gathered once, and no result to copy."""
         n, k = w.shape
-        args = (x, w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, out)
+        args = (x, w.qt, w.scales, w.offsets, w.group_size, w.bits, out)
         run, kernel, site = SECOND_THREAD.run, ST.matvec_halves, w if w.nbytes >= SHARE_MIN_BYTES else None
 
         def matvec() -> None:
@@ -340,9 +320,9 @@ def _compile() -> Optional[dict[str, Callable]]:
         if other is None or not same_view(other[0], x) or np.may_share_memory(out, other[2]):
             return None
         _, w2, out2 = other
-        if (w2.group_size, w2.rows_per_word) != (w.group_size, w.rows_per_word):
+        if (w2.group_size, w2.bits) != (w.group_size, w.bits):
             return None
-        args = (x, w.qt, w.scales, w.offsets, w2.qt, w2.scales, w2.offsets, w.group_size, w.rows_per_word, out, out2)
+        args = (x, w.qt, w.scales, w.offsets, w2.qt, w2.scales, w2.offsets, w.group_size, w.bits, out, out2)
         run, kernel = SECOND_THREAD.run, ST.matvec_pair
         site = cores.CallSite(cores.assumed_serial_s(w.nbytes + w2.nbytes))
 
@@ -360,10 +340,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         for s0 in range(j0, j1, BLAS_SLICE_COLUMNS):
             s1 = min(j1, s0 + BLAS_SLICE_COLUMNS)
             part = scratch[:, : s1 - s0]
-            if w.nibbles:
-                K.dequantize_panels(w.qt, w.scales, w.offsets, w.group_size, s0, s1, part)
-            else:
-                K.dequantize_columns(w.qt, w.scales, w.offsets, w.group_size, w.rows_per_word, s0, s1, part)
+            dequantize = K.dequantize_panels if w.nibbles else K.dequantize_byte_panels
+            dequantize(w.qt, w.scales, w.offsets, w.group_size, s0, s1, part)
             out[:, s0 - j0:s1 - j0] = x @ part  # into a fresh contiguous product: BLAS refuses a strided out
 
     def fake_quantize_per_token(x):
@@ -382,7 +360,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         return fake_quantize
 
     return {"fake_quantize_per_token": fake_quantize_per_token, "qlinear": qlinear, "qlinear_columns": qlinear_columns,
-            "pack_rows": K.pack_rows,
+            "pack_nibbles": K.pack_nibbles, "pack_byte_panels": K.pack_byte_panels,
             "bind_matvec": bind_matvec, "bind_fake_quantize_per_token": bind_fake_quantize_per_token}
 
 

@@ -5,9 +5,9 @@ never matches a jitted function that calls another closure's dispatcher, so such
 was compiled again in every process (0.5 s inside the first forward call per kernel).
 `tests/kernels/test_fast_kernels.py` checks that a second process finds every one in the cache.
 
-Layouts and arithmetic are those of `PackedWeight` (quantized.py): the weight input-major
-`qt`: int8 rows [K, N], four int8 rows per int32 word [K/4, N] or eight 4-bit rows per uint32
-word in panels [N/64, K/8, 64] (`rows_per_word` 1, 4, 8), `w = q * scale + offset` per group of rows.
+Layouts and arithmetic are those of `PackedWeight` (quantized.py): the weight input-major in
+panels of 64 output columns, `qt`: 8-bit, int8 [N/64, K, 64], or 4-bit, eight rows per uint32
+word [N/64, K/8, 64]; `w = q * scale + offset` per group of rows.
 """
 from __future__ import annotations
 
@@ -19,85 +19,92 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from .vnni_jit import PANEL, prefetch_ahead
+from .vnni_jit import (LANES, PANEL, PREFETCH_BYTES, _INDICES, _V16F, _arrays, _fma, _item, _splat, _vector_at,
+                       prefetch_ahead, target_has)
 
 _M4 = np.uint32(15)
 _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
-_B8, _B16, _B24 = np.int32(8), np.int32(16), np.int32(24)
+AVX512 = target_has("avx512f")  # the 8-bit mat-vec's registers (vnni_jit.target_has: never a cross-compiled cache)
+
+
+_V16I, _V16B = ir.VectorType(ir.IntType(32), LANES), ir.VectorType(ir.IntType(8), LANES)
+
+
+@intrinsic
+def _byte_panel_sums_avx512(typingctx, qp, x, p, c0, c1, acc):
+    """acc[:] = sum over input rows c0..c1 of x[c] * float32(qp[p, c, :]): one panel's PANEL
+    running sums in four 512-bit registers, each row's 64 bytes (one cache line) sign-extended
+    sixteen to a register (vpmovsxbd), converted and fused-multiply-added. numba's own loop over
+    the same bytes vectorises to 256-bit registers and keeps the sums in memory: 7 against 12 G
+    weights/s on one thread from memory, 10 against 19-21 in cache (SmolLM2's shapes)."""
+    def codegen(context, builder, sig, args):
+        qp_t, x_t, _, _, _, acc_t = sig.args
+        q_arr, x_arr, acc_arr = _arrays(context, builder, sig, args, (0, 1, 5))
+        p, c0, c1 = args[2], args[3], args[4]
+        zero, one, columns = _INDICES
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, None)) for _ in columns]
+        with cgutils.for_range_slice(builder, c0, c1, one) as (c, _):
+            xc = _splat(builder, _item(context, builder, x_t, x_arr, [c]), _V16F)
+            row = cgutils.get_item_pointer(context, builder, qp_t, q_arr, [p, c, zero], wraparound=False)
+            prefetch_ahead(builder, row, BYTE_PREFETCH_BYTES - PREFETCH_BYTES)
+            for acc, col in zip(accs, columns):
+                at = builder.bitcast(builder.gep(row, [col]), _V16B.as_pointer())
+                w = builder.sitofp(builder.sext(builder.load(at, align=1), _V16I), _V16F)
+                builder.store(_fma(builder, w, xc, builder.load(acc)), acc)
+        for acc, col in zip(accs, columns):
+            builder.store(builder.load(acc), _vector_at(context, builder, acc_t, acc_arr, [col]), align=4)
+        return context.get_dummy_value()
+    return types.void(qp, x, p, c0, c1, acc), codegen
 
 
 @numba.njit(cache=True, fastmath=True)
-def _int8_columns(x, qt, scales, offsets, group_size, c0, c1, out):
-    # out[j] = sum_g (s[g, j] * sum_{c in g} x[c] q[c, j] + o[g, j] * sum_{c in g} x[c]) over input
-    # rows c0..c1 (a range may start or end inside a group: each part adds its own rows' sums).
-    # The innermost loops run over contiguous outputs through 1-D row views, which LLVM
-    # vectorises (2-D indexing there kept it scalar, 10x slower); four input rows per pass
-    # quarter the traffic on the running sums.
-    n = out.shape[0]
-    total = np.zeros(n, np.float32)
-    acc = np.empty(n, np.float32)
-    for g in range(c0 // group_size, -(-c1 // group_size)):
-        acc[:] = 0
-        c, end = max(c0, g * group_size), min(c1, (g + 1) * group_size)
-        start = c
-        while c + 4 <= end:
-            x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
-            r0, r1, r2, r3 = qt[c], qt[c + 1], qt[c + 2], qt[c + 3]
-            for j in range(n):
-                acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])
-                           + x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
-            c += 4
-        while c < end:
-            xc, r0 = x[c], qt[c]
-            for j in range(n):
-                acc[j] += xc * np.float32(r0[j])
-            c += 1
-        xs, sg, og = x[start:end].sum(), scales[g], offsets[g]
-        for j in range(n):
-            total[j] += acc[j] * sg[j] + og[j] * xs
-    out[:] = total
+def byte_panel_sums_loop(qp, x, p, c0, c1, acc):
+    """_byte_panel_sums_avx512's sums as numba's own loop (a CPU without AVX-512), four input
+    rows a pass: a quarter of the passes over the running sums."""
+    acc[:] = 0
+    panel, c = qp[p], c0
+    while c + 4 <= c1:
+        x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
+        r0, r1, r2, r3 = panel[c], panel[c + 1], panel[c + 2], panel[c + 3]
+        for j in range(PANEL):
+            acc[j] += (x0 * np.float32(r0[j]) + x1 * np.float32(r1[j])) + (x2 * np.float32(r2[j]) + x3 * np.float32(r3[j]))
+        c += 4
+    for c in range(c, c1):
+        xc, r0 = x[c], panel[c]
+        for j in range(PANEL):
+            acc[j] += xc * np.float32(r0[j])
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
-def _word_dot(v, x0, x1, x2, x3):
-    # x0..x3 times the four signed bytes of an int32 word (row 4i + r in byte r): a shift up and an
-    # arithmetic shift down per byte, in the lane (the casts keep numba's shifts 32-bit)
-    return (x0 * np.float32(np.int32(np.int32(v << _B24) >> _B24)) + x1 * np.float32(np.int32(np.int32(v << _B16) >> _B24))
-            + x2 * np.float32(np.int32(np.int32(v << _B8) >> _B24)) + x3 * np.float32(np.int32(v >> _B24)))
+# 8 KiB ahead of the row in use (128 rows of a byte panel): 12.5 G weights/s on one thread from
+# memory, against 11.8 at 2 KiB and 7.2 with no prefetch (a 3072 x 576 weight)
+BYTE_PREFETCH_BYTES = 8192
+
+if AVX512:
+    @numba.njit(cache=True, fastmath=True, inline="always")
+    def byte_panel_sums(qp, x, p, c0, c1, acc):
+        _byte_panel_sums_avx512(qp, x, p, c0, c1, acc)
+else:
+    byte_panel_sums = byte_panel_sums_loop
 
 
 @numba.njit(cache=True, fastmath=True)
-def _word_columns(x, qt, scales, offsets, group_size, wide, c0, c1, out):
-    # _int8_columns on four int8 rows per int32 word (group_size % 4 == 0): one 32-bit load and
-    # four shift pairs where four byte rows took four loads and a byte-widening shuffle each
-    # (2x on SmolLM2's 576..1536-column shapes). `wide` weights (the 49152-column head) take four
-    # words per pass, which quarters the passes over running sums that no longer sit in L1.
-    n = out.shape[0]
-    total = np.zeros(n, np.float32)
-    acc = np.empty(n, np.float32)
-    for g in range(c0 // group_size, -(-c1 // group_size)):
-        acc[:] = 0
-        lo, hi = max(c0, g * group_size), min(c1, (g + 1) * group_size)
-        b, end = lo // 4, hi // 4
-        while wide and b + 4 <= end:
-            c = 4 * b
-            w0, w1, w2, w3 = qt[b], qt[b + 1], qt[b + 2], qt[b + 3]
-            for j in range(n):
-                acc[j] += (_word_dot(w0[j], x[c], x[c + 1], x[c + 2], x[c + 3])
-                           + _word_dot(w1[j], x[c + 4], x[c + 5], x[c + 6], x[c + 7])
-                           + _word_dot(w2[j], x[c + 8], x[c + 9], x[c + 10], x[c + 11])
-                           + _word_dot(w3[j], x[c + 12], x[c + 13], x[c + 14], x[c + 15]))
-            b += 4
-        while b < end:
-            c = 4 * b
-            x0, x1, x2, x3, row = x[c], x[c + 1], x[c + 2], x[c + 3], qt[b]
-            for j in range(n):
-                acc[j] += _word_dot(row[j], x0, x1, x2, x3)
-            b += 1
-        xs, sg, og = x[lo:hi].sum(), scales[g], offsets[g]
-        for j in range(n):
-            total[j] += acc[j] * sg[j] + og[j] * xs
-    out[:] = total
+def byte_panels(x, qp, scales, offsets, group_size, p0, p1, out):
+    """out[j] = x @ w[j].T for the outputs j of panels p0..p1 below out.shape[0] (a padded
+    panel's extra columns are not written): qp int8 [P, K, PANEL], scales and offsets float32
+    [P, K / group_size, PANEL] (quantized.PackedWeight's 8-bit layout)."""
+    n, groups = out.shape[0], scales.shape[1]
+    acc, total = np.empty(PANEL, np.float32), np.empty(PANEL, np.float32)
+    for p in range(p0, p1):
+        total[:] = 0
+        for g in range(groups):
+            c0, c1 = g * group_size, (g + 1) * group_size
+            byte_panel_sums(qp, x, p, c0, c1, acc)
+            sg, og, xs = scales[p, g], offsets[p, g], x[c0:c1].sum()
+            for j in range(PANEL):
+                total[j] += acc[j] * sg[j] + og[j] * xs
+        first = p * PANEL
+        for j in range(min(PANEL, n - first)):
+            out[first + j] = total[j]
 
 
 @numba.njit(cache=True, fastmath=True, inline="always")
@@ -171,41 +178,23 @@ def exact_nibble_sums(a, words, b0, b1, acc):
             acc[j] += nibble_dot(row[j], x0, x1, x2, x3, x4, x5, x6, x7)
 
 
-# Above this many outputs a word weight's running sums leave L1 and `_word_columns` takes four
-# words per pass (at 8192 columns and more that was faster, at 4096 and fewer slower).
-WIDE_COLUMNS = 4096
-
-
-@numba.njit(cache=True)
-def _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, out):
-    """out = x @ w.T over the weight's input rows c0..c1 (multiples of rows_per_word), for one
-    row x: the decode mat-vec's halves of an 8-bit weight (second_thread_jit)."""
-    if rows_per_word == 4:
-        _word_columns(x, qt, scales, offsets, group_size, out.shape[0] > WIDE_COLUMNS, c0, c1, out)
-    else:
-        _int8_columns(x, qt, scales, offsets, group_size, c0, c1, out)
-
-
 @numba.njit(cache=True, fastmath=True, nogil=True)  # nogil: a prompt's two halves dequantize at once
-def dequantize_columns(qt, scales, offsets, group_size, rows_per_word, j0, j1, dst):
-    """dst [K, j1 - j0] = columns j0..j1 of the float32 transposed weight (8-bit: rows_per_word 1 or 4)."""
-    if rows_per_word == 1:
-        for c in range(qt.shape[0]):
-            g = c // group_size
-            q, sg, og, row = qt[c, j0:j1], scales[g, j0:j1], offsets[g, j0:j1], dst[c]
-            for j in range(j1 - j0):
-                row[j] = np.float32(q[j]) * sg[j] + og[j]
-        return
-    for b in range(qt.shape[0]):  # rows_per_word 4
-        g = 4 * b // group_size  # a word's four rows share a group (group_size % 4 == 0)
-        q, sg, og = qt[b, j0:j1], scales[g, j0:j1], offsets[g, j0:j1]
-        d0, d1, d2, d3 = dst[4 * b], dst[4 * b + 1], dst[4 * b + 2], dst[4 * b + 3]
-        for j in range(j1 - j0):
-            v, s, o = q[j], sg[j], og[j]
-            d0[j] = np.float32(np.int32(np.int32(v << _B24) >> _B24)) * s + o
-            d1[j] = np.float32(np.int32(np.int32(v << _B16) >> _B24)) * s + o
-            d2[j] = np.float32(np.int32(np.int32(v << _B8) >> _B24)) * s + o
-            d3[j] = np.float32(np.int32(v >> _B24)) * s + o
+def dequantize_byte_panels(qp, scales, offsets, group_size, j0, j1, dst):
+    """dst [K, j1 - j0] = columns j0..j1 of the float32 transposed weight, from an 8-bit weight
+    in panels (byte_panels' layout), a panel's 64 columns at a time with constant bounds where
+    it lies whole in j0..j1 (as dequantize_panels)."""
+    width = j1 - j0
+    for c in range(qp.shape[1]):
+        g, d = c // group_size, dst[c]
+        for p in range(j0 // PANEL, -(-j1 // PANEL)):
+            q, sg, og = qp[p, c], scales[p, g], offsets[p, g]
+            first = p * PANEL - j0  # dst's column of the panel's column 0
+            if first >= 0 and first + PANEL <= width:
+                for i in range(PANEL):
+                    d[first + i] = np.float32(q[i]) * sg[i] + og[i]
+            else:
+                for i in range(max(-first, 0), min(width - first, PANEL)):
+                    d[first + i] = np.float32(q[i]) * sg[i] + og[i]
 
 
 @numba.njit(cache=True, fastmath=True, inline="always")
@@ -275,21 +264,33 @@ def fake_quantize_per_token(x, out):
 
 
 @numba.njit(cache=True)
-def pack_rows(q, shift, bits, words):
-    """words [K / per, N] (per = 32 // bits) of q int8 [N, K]: input row per * i + r of the weight
-    (q[:, per * i + r] + shift, its low `bits` bits) at bits bits * r of word [i, n], in one pass;
-    the numpy forms (quantized.nibble_words, _pack_bytes) take a dozen passes over the weight."""
-    per = 32 // bits
-    mask = np.int32((1 << bits) - 1)
+def pack_nibbles(q, shift, words):
+    """words [K / 8, N] of q int8 [N, K]: input row 8i + r of the weight (q[:, 8i + r] + shift,
+    its low 4 bits) at bits 4r of word [i, n], in one pass; the numpy form (quantized.nibble_words)
+    takes a dozen passes over the weight."""
     for b in range(words.shape[0]):
         for j in range(q.shape[0]):
             row = q[j]
             w = np.uint32(0)
-            for r in range(per):
-                w |= np.uint32((np.int32(row[per * b + r]) + shift) & mask) << np.uint32(bits * r)
+            for r in range(8):
+                w |= np.uint32((np.int32(row[8 * b + r]) + shift) & 15) << np.uint32(4 * r)
             words[b, j] = w
 
 
+@numba.njit(cache=True)
+def pack_byte_panels(q, qp):
+    """qp int8 [P, K, PANEL] = q int8 [N, K] in panels of PANEL output columns (quantized.panels of
+    q.T, the columns past N zero), in one pass where numpy's transpose and panels copy it twice."""
+    n = q.shape[0]
+    qp[:] = 0
+    for p in range(qp.shape[0]):
+        for i in range(min(PANEL, n - p * PANEL)):
+            row = q[p * PANEL + i]
+            for c in range(q.shape[1]):
+                qp[p, c, i] = row[c]
+
+
 # Every compiled kernel by name (the cache test runs each and reads its dispatcher's stats).
-KERNELS = {"dequantize_columns": dequantize_columns, "dequantize_panels": dequantize_panels,
-           "fake_quantize_per_token": fake_quantize_per_token, "pack_rows": pack_rows}
+KERNELS = {"dequantize_byte_panels": dequantize_byte_panels, "dequantize_panels": dequantize_panels,
+           "fake_quantize_per_token": fake_quantize_per_token, "pack_nibbles": pack_nibbles,
+           "pack_byte_panels": pack_byte_panels}

@@ -47,9 +47,9 @@ class SecondThread:
         self.thread: threading.Thread | None = None
 
     def matvec(self, x: np.ndarray, qt: np.ndarray, scales: np.ndarray, offsets: np.ndarray,
-               group_size: int, rows_per_word: int, out: np.ndarray, share: bool) -> bool:
+               group_size: int, bits: int, out: np.ndarray, share: bool) -> bool:
         """out = x @ w.T (quantized_jit's layouts); True when it was offered to the second thread."""
-        return self.call(K.matvec_halves, (x, qt, scales, offsets, group_size, rows_per_word, out), share)
+        return self.call(K.matvec_halves, (x, qt, scales, offsets, group_size, bits, out), share)
 
     def dense_matvec(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, share: bool) -> bool:
         """out = w @ x for a float32 weight w [n, k] (C order), x [k] and out [n] (contiguous);

@@ -8,10 +8,9 @@ on a control block between calls, so handing it a job costs a cache line's trip 
 
 A job is one weight's mat-vec in two halves, each one contiguous half of the weight, which the
 hardware prefetcher streams (split so that each thread read half of every row, two threads
-were slower than one). An 8-bit weight (`quantized_jit`'s layouts, [k, n]) is cut into the
-first and second half of its input rows, each summed into its own buffer, then
-`out = first + second`; a 4-bit one into halves of its panels of output columns, each half's
-buffer 0 at the other's outputs (the same sum, exact); an XNNPACK qb4w weight into halves of
+were slower than one). An 8-bit or 4-bit weight (`quantized_jit`'s panels) is cut into halves
+of its panels of output columns, each half summed into its own buffer, 0 at the other's
+outputs, then `out = first + second` (the same sum, exact); an XNNPACK qb4w weight into halves of
 its panels (blockwise_jit: each panel's outputs computed alone); a float32 weight [n, k] into halves
 of its output rows; a decode attention (attention_jit) into the first and second half of its
 query heads, each head computed alone. The same two halves are computed (and combined) the same
@@ -36,7 +35,7 @@ from numba.extending import intrinsic
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .attention_jit import decode_attention_heads
 from .blockwise_jit import PANEL, activation_bytes, blockwise_panels
-from .quantized_jit import _columns, nibble_panels
+from .quantized_jit import byte_panels, nibble_panels
 
 # ---------------------------------------------------------------------------- atomics (LLVM)
 # numba has no atomics or raw pointers in nopython code; these emit the LLVM instructions.
@@ -112,7 +111,7 @@ SEQ = 0  # the posted job's number
 CLAIM = 8  # SEQ * 2 + 1 once the second half is claimed (by either thread: a compare-exchange)
 RESULT = 16  # SEQ * 4 + PENDING, DONE (the second thread's half is in `scratch`) or TAKEN_BACK
 STATE = 24  # ASLEEP, SPINNING or QUIT (the second thread's)
-JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, rows_per_word. DENSE: w; -, -; k, n.
+JOB = 32  # GROUPED: addresses of qt, scales, offsets; k, n, groups, group_size, bits. DENSE: w; -, -; k, n.
 # BLOCKWISE: words, scales, ksum; k, n (panels * PANEL), -, block (and zp + 128 in xbuf[k]). ATTENTION: key cache, value cache; -; H * D, -, H, S, Hkv, kv_len (and
 # ATTENTION_BLOCK; the query in xbuf[:H * D], its scale after it)
 # WHOLE: a GROUPED weight's whole mat-vec (the second of a pair reading the same x), fields as GROUPED.
@@ -138,26 +137,18 @@ MIN_WAIT_CYCLES = 100_000
 
 
 @numba.njit(cache=True, inline="always")
-def _half(x, qt, scales, offsets, group_size, rows_per_word, half, part):
-    """part = x @ w.T over half 0 (the first half of the input rows, a multiple of 8) or half 1
-    (the rest). Not whole groups: a weight of one group per output (per-channel int8) has
-    nothing to split then."""
-    k = x.shape[0]
-    middle = k // 16 * 8
-    c0, c1 = (0, middle) if half == 0 else (middle, k)
-    _columns(x, qt, scales, offsets, group_size, rows_per_word, c0, c1, part)
-
-
-@numba.njit(cache=True, inline="always")
-def _panel_half(x, words, scales, offsets, group_size, half, part):
-    """part = x @ w.T for a 4-bit weight in panels (quantized_jit.nibble_panels) over half 0 (the
-    first half of its panels) or half 1 (the rest), the other half's outputs 0: the halves' sum
-    is the product, exactly (v + 0 is v), whichever thread ran each."""
-    panels = words.shape[0]
+def _panel_half(x, qt, scales, offsets, group_size, bits, half, part):
+    """part = x @ w.T for an 8-bit or 4-bit weight in panels (quantized_jit.byte_panels,
+    nibble_panels) over half 0 (the first half of its panels) or half 1 (the rest), the other
+    half's outputs 0: the halves' sum is the product, exactly (v + 0 is v), whichever thread ran each."""
+    panels = qt.shape[0]
     middle = panels // 2
     p0, p1 = (0, middle) if half == 0 else (middle, panels)
     part[:] = 0
-    nibble_panels(x, words, scales, offsets, group_size, p0, p1, part)
+    if bits == 8:
+        byte_panels(x, qt, scales, offsets, group_size, p0, p1, part)
+    else:
+        nibble_panels(x, qt, scales, offsets, group_size, p0, p1, part)
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -210,24 +201,18 @@ _I64 = types.int64
 
 
 @numba.cfunc(types.void(*[_I64] * 11), cache=True)
-def _grouped_half_c(x, qt, scales, offsets, k, n, groups, group_size, rows_per_word, half, part):
-    # _half or _panel_half: x [k], qt (quantized_jit's layout for rows_per_word), scales and
-    # offsets [groups, n] (4-bit: panels [P, k / group_size, PANEL]), part [n]
+def _grouped_half_c(x, qt, scales, offsets, k, n, groups, group_size, bits, half, part):
+    # _panel_half: x [k], qt (quantized_jit's panels for `bits`), scales and offsets panels
+    # [P, k / group_size, PANEL], part [n]
     xs = numba.carray(_pointer(x), (k,), np.float32)
     out = numba.carray(_pointer(part), (n,), np.float32)
-    if rows_per_word == 8:
-        panels = -(-n // PANEL)
-        shape = (panels, k // group_size, PANEL)
-        _panel_half(xs, numba.carray(_pointer(qt), (panels, k // 8, PANEL), np.uint32),
-                    numba.carray(_pointer(scales), shape, np.float32), numba.carray(_pointer(offsets), shape, np.float32),
-                    group_size, half, out)
-        return
-    s = numba.carray(_pointer(scales), (groups, n), np.float32)
-    o = numba.carray(_pointer(offsets), (groups, n), np.float32)
-    if rows_per_word == 4:
-        _half(xs, numba.carray(_pointer(qt), (k // 4, n), np.int32), s, o, group_size, 4, half, out)
+    panels = -(-n // PANEL)
+    shape = (panels, k // group_size, PANEL)
+    s, o = numba.carray(_pointer(scales), shape, np.float32), numba.carray(_pointer(offsets), shape, np.float32)
+    if bits == 8:
+        _panel_half(xs, numba.carray(_pointer(qt), (panels, k, PANEL), np.int8), s, o, group_size, 8, half, out)
     else:
-        _half(xs, numba.carray(_pointer(qt), (k, n), np.int8), s, o, group_size, 1, half, out)
+        _panel_half(xs, numba.carray(_pointer(qt), (panels, k // 8, PANEL), np.uint32), s, o, group_size, 4, half, out)
 
 
 @numba.cfunc(types.void(*[_I64] * 7), cache=True)
@@ -258,10 +243,10 @@ def control_block() -> np.ndarray:
 # Each caller below is its kernel's plain call with the control block first (C-order arrays).
 
 @numba.njit(cache=True, inline="always")
-def grouped_half(ctrl, x, qt_address, scales, offsets, group_size, rows_per_word, half, part):
+def grouped_half(ctrl, x, qt_address, scales, offsets, group_size, bits, half, part):
     call_at(ctrl[GROUPED_HALF_AT], (x.ctypes.data, qt_address, scales.ctypes.data, offsets.ctypes.data,
                                     x.shape[0], part.shape[0], scales.shape[0], np.int64(group_size),
-                                    np.int64(rows_per_word), np.int64(half), part.ctypes.data))
+                                    np.int64(bits), np.int64(half), part.ctypes.data))
 
 
 @numba.njit(cache=True, inline="always")
@@ -283,19 +268,19 @@ def _run_second_half(ctrl, seq, xbuf, scratch):
     """The second thread's part of job `seq`: claim the second half, run it into `scratch`, say so.
     The fields are read before the claim; a claim that succeeds proves they were this job's."""
     kind, k, n = ctrl[KIND], ctrl[JOB + 3], ctrl[JOB + 4]
-    groups, group_size, rows_per_word = ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7]
+    groups, group_size, bits = ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7]
     address, second, third, block = ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2], ctrl[ATTENTION_BLOCK]
     fn = ctrl[JOB_FN]
     if not compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
         return
     if kind == CALL:
-        call_at(fn, (address, second, third, k, n, groups, group_size, rows_per_word,
+        call_at(fn, (address, second, third, k, n, groups, group_size, bits,
                      xbuf.ctypes.data, np.int64(xbuf.shape[0]), scratch.ctypes.data, np.int64(scratch.shape[0])))
         compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)
         return
     x = xbuf[:k]
     if kind == ATTENTION:  # fields renamed: heads, cache rows, KV heads, kv_len
-        heads, rows, kv_heads, kv_len = n, groups, group_size, rows_per_word
+        heads, rows, kv_heads, kv_len = n, groups, group_size, bits
         dim, middle = k // heads, _attention_middle(heads)
         keys = numba.carray(_pointer(address), (rows, kv_heads, dim), np.float32)
         values = numba.carray(_pointer(second), (rows, kv_heads, dim), np.float32)
@@ -318,11 +303,11 @@ def _run_second_half(ctrl, seq, xbuf, scratch):
                          numba.carray(_pointer(third), n, np.float32), xbuf[k], block, middle, panels,
                          scratch[:(panels - middle) * PANEL].reshape((panels - middle, PANEL)))
     elif kind == WHOLE:  # both halves, summed as a one-thread call sums them
-        grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 0, scratch[:n])
-        grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 1, scratch[n:2 * n])
+        grouped_half(ctrl, x, address, scales, offsets, group_size, bits, 0, scratch[:n])
+        grouped_half(ctrl, x, address, scales, offsets, group_size, bits, 1, scratch[n:2 * n])
         _sum_into(scratch[:n], scratch[:n], scratch[n:2 * n])
     else:
-        grouped_half(ctrl, x, address, scales, offsets, group_size, rows_per_word, 1, scratch[:n])
+        grouped_half(ctrl, x, address, scales, offsets, group_size, bits, 1, scratch[:n])
     compare_exchange(ctrl, RESULT, seq * 4 + PENDING, seq * 4 + DONE)  # fails if the caller took it back
 
 
@@ -389,7 +374,7 @@ def second_half_where(ctrl, seq, start):
 
 
 @numba.njit(cache=True, nogil=True)
-def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_per_word, out, share):
+def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, bits, out, share):
     """out[r] = x[r] @ w.T for each (few) row r, as its two halves summed; with `share` the second
     thread may run the second half (layouts of `quantized_jit`). Returns the halves taken back."""
     k, n = x.shape[1], out.shape[1]
@@ -400,33 +385,33 @@ def matvec_halves(ctrl, xbuf, scratch, x, qt, scales, offsets, group_size, rows_
         where = HERE
         if share:
             ctrl[JOB + 1], ctrl[JOB + 2] = scales.ctypes.data, offsets.ctypes.data
-            ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales.shape[0], group_size, rows_per_word
+            ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales.shape[0], group_size, bits
             seq = post_job(ctrl, xbuf, x[r], GROUPED, qt.ctypes.data, k, n)
             start = cycles()
-        grouped_half(ctrl, x[r], qt.ctypes.data, scales, offsets, group_size, rows_per_word, 0, first)
+        grouped_half(ctrl, x[r], qt.ctypes.data, scales, offsets, group_size, bits, 0, first)
         if share:
             where = second_half_where(ctrl, seq, start)
         if where == THERE:
             _sum_into(out[r], first, scratch)
         else:
-            grouped_half(ctrl, x[r], qt.ctypes.data, scales, offsets, group_size, rows_per_word, 1, second)
+            grouped_half(ctrl, x[r], qt.ctypes.data, scales, offsets, group_size, bits, 1, second)
             _sum_into(out[r], first, second)
         taken_back += where == TAKEN
     return taken_back
 
 
 @numba.njit(cache=True, inline="always")
-def _whole_matvec(ctrl, x, qt, scales, offsets, group_size, rows_per_word, out):
+def _whole_matvec(ctrl, x, qt, scales, offsets, group_size, bits, out):
     # out = x @ w.T for one row, as matvec_halves computes it alone: both halves, then their sum
     n = out.shape[0]
     first, second = np.empty(n, np.float32), np.empty(n, np.float32)
-    grouped_half(ctrl, x, qt.ctypes.data, scales, offsets, group_size, rows_per_word, 0, first)
-    grouped_half(ctrl, x, qt.ctypes.data, scales, offsets, group_size, rows_per_word, 1, second)
+    grouped_half(ctrl, x, qt.ctypes.data, scales, offsets, group_size, bits, 0, first)
+    grouped_half(ctrl, x, qt.ctypes.data, scales, offsets, group_size, bits, 1, second)
     _sum_into(out, first, second)
 
 
 @numba.njit(cache=True, nogil=True)
-def matvec_pair(ctrl, xbuf, scratch, x, qt, scales, offsets, qt2, scales2, offsets2, group_size, rows_per_word,
+def matvec_pair(ctrl, xbuf, scratch, x, qt, scales, offsets, qt2, scales2, offsets2, group_size, bits,
                 out, out2, share):
     """out = x @ w.T here and out2 = x @ w2.T on the second thread when `share`: two weights too
     small to split (an LLM's k and v projections) read the same row x [1, K] at once. Each is
@@ -437,16 +422,16 @@ def matvec_pair(ctrl, xbuf, scratch, x, qt, scales, offsets, qt2, scales2, offse
     where, seq, start = HERE, 0, 0
     if share:
         ctrl[JOB + 1], ctrl[JOB + 2] = scales2.ctypes.data, offsets2.ctypes.data
-        ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales2.shape[0], group_size, rows_per_word
+        ctrl[JOB + 5], ctrl[JOB + 6], ctrl[JOB + 7] = scales2.shape[0], group_size, bits
         seq = post_job(ctrl, xbuf, x[0], WHOLE, qt2.ctypes.data, k, n2)
         start = cycles()
-    _whole_matvec(ctrl, x[0], qt, scales, offsets, group_size, rows_per_word, out[0])
+    _whole_matvec(ctrl, x[0], qt, scales, offsets, group_size, bits, out[0])
     if share:
         where = second_half_where(ctrl, seq, start)
     if where == THERE:
         out2[0, :] = scratch[:n2]
     else:
-        _whole_matvec(ctrl, x[0], qt2, scales2, offsets2, group_size, rows_per_word, out2[0])
+        _whole_matvec(ctrl, x[0], qt2, scales2, offsets2, group_size, bits, out2[0])
     return 1 if where == TAKEN else 0
 
 
