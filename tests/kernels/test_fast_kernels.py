@@ -290,6 +290,31 @@ def test_the_8bit_panel_sums_in_512_bit_registers_equal_numbas_own_loop(rows):
 
 
 @needs_numba
+@pytest.mark.parametrize("group", [32, 8, 576])
+def test_the_4bit_panel_in_512_bit_registers_equals_numbas_own_loop(group):
+    """A CPU with AVX-512 multiplies a panel of 4-bit words in explicit 512-bit registers (vpermps
+    turns sixteen nibbles into floats); numba's loop (every other CPU) gives the same product to
+    float32 rounding, scales, offsets and groups included."""
+    from execupy.kernels.fast import quantized_jit as K
+
+    rng = np.random.default_rng(group)
+    q = rng.integers(-8, 8, (130, 576)).astype(np.int8)
+    scales = (rng.random((130, 576 // group)) * 0.05 + 1e-3).astype(np.float32)
+    mins = (rng.random((130, 576 // group)) * -0.1).astype(np.float32)
+    packed = Q.pack(q, scales, None, group, mins)
+    x = rng.standard_normal(576).astype(np.float32)
+    sums = x.reshape(-1, group).sum(axis=1)
+    w = (q.reshape(130, -1, group) * scales[:, :, None].astype(np.float64) + mins[:, :, None]).reshape(130, 576)
+    expected = (w @ x.astype(np.float64))[128:]  # the third panel: outputs 128 and 129
+    assert (K.nibble_panel is K.nibble_panel_loop) is not K.AVX512
+    for kernel in (K.nibble_panel_loop, K.nibble_panel):
+        total = np.full(64, np.nan, np.float32)
+        kernel(packed.qt, x, sums, packed.scales, packed.offsets, group // 8, 2, total)
+        assert np.all(np.abs(total[:2] - expected) <= 1e-5 * np.abs(w @ x).max() + 1e-6)
+        assert np.all(total[2:] == 0)  # the padded columns' weights are 0: their sums too
+
+
+@needs_numba
 def test_packing_warms_the_compiled_kernels_up_at_load():
     """The first pack in a process (the runtime packs while it binds a method) runs each kernel
     once, so the first forward call does not load them; warming twice does nothing more."""
