@@ -7,7 +7,9 @@ was compiled again in every process (0.5 s inside the first forward call per ker
 
 Layouts and arithmetic are those of `PackedWeight` (quantized.py): the weight input-major in
 panels of 64 output columns, `qt`: 8-bit, int8 [N/64, K, 64], or 4-bit, eight rows per uint32
-word [N/64, K/8, 64]; `w = q * scale + offset` per group of rows.
+word [N/64, K/8, 64]; `w = q * scale + offset` per group of rows. A panel's decode mat-vec is
+written in LLVM IR on 512-bit registers where the CPU has AVX-512 (numba's own loops, kept for
+every other CPU and tested equal, vectorise to 256 bits and run ~1.5-2x slower).
 """
 from __future__ import annotations
 
@@ -19,15 +21,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from .vnni_jit import (LANES, PANEL, PREFETCH_BYTES, _INDICES, _V16F, _arrays, _fma, _item, _splat, _vector_at,
-                       prefetch_ahead, target_has)
+from .vnni_jit import (LANES, PANEL, PREFETCH_BYTES, _INDICES, _V16, _V16F, _arrays, _fma, _item, _splat,
+                       _vector_at, prefetch_ahead, target_has)
 
 _M4 = np.uint32(15)
 _S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
-AVX512 = target_has("avx512f")  # the 8-bit mat-vec's registers (vnni_jit.target_has: never a cross-compiled cache)
-
-
-_V16I, _V16B = ir.VectorType(ir.IntType(32), LANES), ir.VectorType(ir.IntType(8), LANES)
+# The decode mat-vecs' explicit 512-bit registers (vnni_jit.target_has: never from a cache built for another CPU)
+AVX512 = target_has("avx512f")
+_V16B = ir.VectorType(ir.IntType(8), LANES)  # a panel row's sixteen int8 weights of one register
 
 
 @intrinsic
@@ -49,7 +50,7 @@ def _byte_panel_sums_avx512(typingctx, qp, x, p, c0, c1, acc):
             prefetch_ahead(builder, row, BYTE_PREFETCH_BYTES - PREFETCH_BYTES)
             for acc, col in zip(accs, columns):
                 at = builder.bitcast(builder.gep(row, [col]), _V16B.as_pointer())
-                w = builder.sitofp(builder.sext(builder.load(at, align=1), _V16I), _V16F)
+                w = builder.sitofp(builder.sext(builder.load(at, align=1), _V16), _V16F)
                 builder.store(_fma(builder, w, xc, builder.load(acc)), acc)
         for acc, col in zip(accs, columns):
             builder.store(builder.load(acc), _vector_at(context, builder, acc_t, acc_arr, [col]), align=4)
@@ -136,7 +137,7 @@ def _prefetch_row(typingctx, words, p, r):
 def _permps(builder):
     """vpermps (table, indices) -> table[indices & 15] per lane: sixteen 4-bit values to floats in one
     instruction, the shift before it leaving the higher nibbles in place (vpermps reads 4 bits)."""
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F, _V16I]),
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F, _V16]),
                                           "llvm.x86.avx512.permvar.sf.512")
 
 
@@ -171,7 +172,7 @@ def _nibble_panel_avx512(typingctx, words, x, sums, scales, offsets, per, p, tot
                     prefetch_ahead(builder, at)
                     w, a = builder.load(at, align=4), builder.load(acc)
                     for t in range(8):  # input 8r + t in bits 4t..4t+3
-                        nibble = w if t == 0 else builder.lshr(w, ir.Constant(_V16I, [4 * t] * LANES))
+                        nibble = w if t == 0 else builder.lshr(w, ir.Constant(_V16, [4 * t] * LANES))
                         a = _fma(builder, builder.call(perm, [_NIBBLE_FLOATS, nibble]), xs[t], a)
                     builder.store(a, acc)
             xsum = _splat(builder, _item(context, builder, s_t, s_arr, [g]), _V16F)
