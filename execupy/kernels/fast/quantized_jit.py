@@ -88,19 +88,28 @@ else:
     byte_panel_sums = byte_panel_sums_loop
 
 
+@numba.njit(cache=True, fastmath=True, inline="always")
+def group_sums(x, group_size, groups):
+    """Each group's sum of x, once per mat-vec: what its offsets multiply."""
+    sums = np.empty(groups, np.float32)
+    for g in range(groups):
+        sums[g] = x[g * group_size:(g + 1) * group_size].sum()
+    return sums
+
+
 @numba.njit(cache=True, fastmath=True)
 def byte_panels(x, qp, scales, offsets, group_size, p0, p1, out):
     """out[j] = x @ w[j].T for the outputs j of panels p0..p1 below out.shape[0] (a padded
     panel's extra columns are not written): qp int8 [P, K, PANEL], scales and offsets float32
     [P, K / group_size, PANEL] (quantized.PackedWeight's 8-bit layout)."""
     n, groups = out.shape[0], scales.shape[1]
+    sums = group_sums(x, group_size, groups)
     acc, total = np.empty(PANEL, np.float32), np.empty(PANEL, np.float32)
     for p in range(p0, p1):
         total[:] = 0
         for g in range(groups):
-            c0, c1 = g * group_size, (g + 1) * group_size
-            byte_panel_sums(qp, x, p, c0, c1, acc)
-            sg, og, xs = scales[p, g], offsets[p, g], x[c0:c1].sum()
+            byte_panel_sums(qp, x, p, g * group_size, (g + 1) * group_size, acc)
+            sg, og, xs = scales[p, g], offsets[p, g], sums[g]
             for j in range(PANEL):
                 total[j] += acc[j] * sg[j] + og[j] * xs
         first = p * PANEL
@@ -220,10 +229,7 @@ def nibble_panels(x, words, scales, offsets, group_size, p0, p1, out):
     panel's extra columns are not written): words uint32 [P, K/8, PANEL], scales and offsets
     float32 [P, K / group_size, PANEL] (quantized.PackedWeight); group_size % 8 == 0."""
     n, per = out.shape[0], group_size // 8
-    groups = scales.shape[1]
-    sums = np.empty(groups, np.float32)  # each group's sum of x, for its offsets
-    for g in range(groups):
-        sums[g] = x[g * group_size:(g + 1) * group_size].sum()
+    sums = group_sums(x, group_size, scales.shape[1])
     total = np.empty(PANEL, np.float32)
     for p in range(p0, p1):
         nibble_panel(words, x, sums, scales, offsets, per, p, total)
