@@ -137,18 +137,10 @@ MIN_WAIT_CYCLES = 100_000
 
 
 @numba.njit(cache=True, inline="always")
-def _panel_half(x, qt, scales, offsets, group_size, bits, half, part):
-    """part = x @ w.T for an 8-bit or 4-bit weight in panels (quantized_jit.byte_panels,
-    nibble_panels) over half 0 (the first half of its panels) or half 1 (the rest), the other
-    half's outputs 0: the halves' sum is the product, exactly (v + 0 is v), whichever thread ran each."""
-    panels = qt.shape[0]
+def _panels_of_half(panels, half):
+    """A quantized weight's half 0 (the first half of its panels) or half 1 (the rest)."""
     middle = panels // 2
-    p0, p1 = (0, middle) if half == 0 else (middle, panels)
-    part[:] = 0
-    if bits == 8:
-        byte_panels(x, qt, scales, offsets, group_size, p0, p1, part)
-    else:
-        nibble_panels(x, qt, scales, offsets, group_size, p0, p1, part)
+    return (0, middle) if half == 0 else (middle, panels)
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -202,17 +194,20 @@ _I64 = types.int64
 
 @numba.cfunc(types.void(*[_I64] * 11), cache=True)
 def _grouped_half_c(x, qt, scales, offsets, k, n, groups, group_size, bits, half, part):
-    # _panel_half: x [k], qt (quantized_jit's panels for `bits`), scales and offsets panels
+    # half 0 or 1 of x @ w.T (quantized_jit.byte_panels or nibble_panels, each thread half of the
+    # panels): x [k], qt (quantized_jit's panels for `bits`), scales and offsets panels
     # [P, k / group_size, PANEL], part [n]
     xs = numba.carray(_pointer(x), (k,), np.float32)
     out = numba.carray(_pointer(part), (n,), np.float32)
     panels = -(-n // PANEL)
     shape = (panels, k // group_size, PANEL)
     s, o = numba.carray(_pointer(scales), shape, np.float32), numba.carray(_pointer(offsets), shape, np.float32)
+    p0, p1 = _panels_of_half(panels, half)
+    out[:] = 0  # at the other half's outputs: the halves' sum is the product, exactly (v + 0 is v)
     if bits == 8:
-        _panel_half(xs, numba.carray(_pointer(qt), (panels, k, PANEL), np.int8), s, o, group_size, 8, half, out)
+        byte_panels(xs, numba.carray(_pointer(qt), (panels, k, PANEL), np.int8), s, o, group_size, p0, p1, out)
     else:
-        _panel_half(xs, numba.carray(_pointer(qt), (panels, k // 8, PANEL), np.uint32), s, o, group_size, 4, half, out)
+        nibble_panels(xs, numba.carray(_pointer(qt), (panels, k // 8, PANEL), np.uint32), s, o, group_size, p0, p1, out)
 
 
 @numba.cfunc(types.void(*[_I64] * 7), cache=True)
