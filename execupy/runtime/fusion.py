@@ -891,6 +891,7 @@ def _match_silu(g: Graph, anchor: Node) -> Optional[Fused]:
 def _silu_step(method, gate: int, out: int):
     """kernels.fast.silu's ufunc calls written into the planned output when gate's array and
     out's are fixed and apart (no array made or copied per call), else silu on what gate holds."""
+    from ..kernels.fast import compiled_silu
     from ..kernels.fast.elementwise import NUMPY_OPS
 
     # the gate read where it lies (a prompt's: transposed): sigmoid's first op (negate, exact) makes
@@ -899,7 +900,10 @@ def _silu_step(method, gate: int, out: int):
     result = method._out_array(out)
     if not static or not all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in (x, result)) or \
             x.shape != result.shape or np.may_share_memory(x, result):
-        return _unary_step(method, "execupy.kernels.fast", "silu", gate, out)
+        return _silu_as_laid_out(method, gate, out)
+    compiled = compiled_silu(x, result)  # numba loaded, x and result laid out alike: numpy's exp, one pass
+    if compiled is not None:
+        return compiled
     sigmoid = NUMPY_OPS["sigmoid"]
 
     def silu_into():
@@ -907,6 +911,22 @@ def _silu_step(method, gate: int, out: int):
         np.multiply(x, result, out=result)
 
     return silu_into
+
+
+def _silu_as_laid_out(method, gate: int, out: int):
+    """silu on whatever the gate holds, read where it lies: a prompt's gate is the linear's result
+    transposed, and numpy's element-wise ops keep that layout in what they make (the same
+    operations on each element: the same bits), so neither the gate nor the result goes
+    through a transposing copy, and the up-projection's multiply reads two arrays of one layout
+    (SmolLM2, 113 tokens: 470 + 230 us a layer for silu and that multiply, 300 + 90 after)."""
+    from ..kernels.fast import silu
+
+    get, store = _get_as_viewed(method, gate), method._store_fn(out)
+
+    def silu_step():
+        store(silu(get()))
+
+    return silu_step
 
 
 def _unary_step(method, module: str, kernel: str, x: int, out: int):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -87,5 +88,39 @@ def rope_swapped(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def silu(gate: np.ndarray) -> np.ndarray:
-    """gate * sigmoid(gate), as sigmoid then mul compute it."""
-    return gate * _sigmoid(gate)
+    """gate * sigmoid(gate), as sigmoid then mul compute it, in gate's layout (a prompt's gate is
+    a linear's result transposed); numpy's exp, then the rest in one compiled pass where numba
+    is loaded."""
+    out = np.empty_like(gate)
+    compiled = compiled_silu(gate, out)
+    if compiled is None:
+        return gate * _sigmoid(gate)
+    compiled()
+    return out
+
+
+def compiled_silu(x: np.ndarray, out: np.ndarray) -> Optional[Callable[[], None]]:
+    """A call writing silu(x) into out, through decode_jit.silu_of_exp, when numba is loaded and x
+    and out are float32 laid out alike in one block (either order); else None."""
+    compiled = compiled_decode()
+    flat = same_layout_flat(x, out) if compiled is not None and x.dtype == out.dtype == np.float32 else None
+    if flat is None or np.may_share_memory(x, out):
+        return None
+    kernel, (xs, outs) = compiled.silu_of_exp, flat
+
+    def silu_compiled() -> None:
+        np.negative(x, out=out)  # exact; then numpy's exp in place
+        np.exp(out, out=out)
+        kernel(xs, outs)
+
+    return silu_compiled
+
+
+def same_layout_flat(*arrays: np.ndarray) -> Optional[list[np.ndarray]]:
+    """1-D views of arrays of one shape and strides that each fill one block of memory (C or F
+    order), element i of each being the same index in all; None otherwise."""
+    first = arrays[0]
+    if not (first.flags.c_contiguous or first.flags.f_contiguous) or any(
+            a.shape != first.shape or a.strides != first.strides for a in arrays[1:]):
+        return None
+    return [a.ravel(order="K") for a in arrays]

@@ -54,6 +54,16 @@ def rms_norm_rows(x, eps, w, normed):
             out[i] = row[i] * scale * w[i]
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def silu_of_exp(x, e):
+    """e = x * (1 / (1 + e)), e holding exp(-x) made by numpy (numba's exp is libm's, which rounds
+    otherwise): sigmoid's add and divide and silu's multiply in one pass, in float32, 1-D, in
+    place (a separate output that might overlap e kept LLVM from vectorising the loop)."""
+    one = np.float32(1)
+    for i in range(x.shape[0]):
+        e[i] = x[i] * (one / (one + e[i]))
+
+
 @numba.njit(cache=True, nogil=True)
 def rope_swapped_rows(x, cos, sin, out):
     """out[r] = x[r] * cos + swap_halves(x[r]) * sin for each row r of x [R, D]; cos, sin [D]."""
@@ -119,6 +129,7 @@ def warm_up() -> None:
     rotate_pairs_rows(np.ones((2, 16), np.float32), np.ones((2, 16), np.float32), np.ones((1, 16), np.float32),
                       np.ones((1, 16), np.float32), 2, np.empty((2, 16, 2), np.float32))
     mean_rows(np.ones((1, 16), np.float32), np.empty(1, np.float32))
+    silu_of_exp(row, np.ones(16, np.float32))
     from .attention_jit import causal_softmax_rows
 
     causal_softmax_rows(np.ones((1, 2, 16), np.float32), np.arange(2), np.float32(0.25), np.empty((1, 2), np.float32))
