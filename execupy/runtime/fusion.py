@@ -550,25 +550,71 @@ def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: in
     direct = _add_rms_norm_into(method, (a, b, eps, w), h, out)  # first: a shape plan's decode step binds it
     if direct is not None:
         return direct
-    ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
     store_h, store = method._store_fn(h), method._store_fn(out)
-
     compiled = compiled_decode()
+    if compiled is not None:  # a prompt's rows: the decode kernel's arithmetic, row after row
+        return _add_rms_norm_rows_step(method, compiled.add_rms_norm_rows, (a, b, eps, w), h, out)
+    ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
 
     def add_rms_norm_step():
         xa, xb, eps, w = ga(), gb(), ge(), gw()
-        if compiled is not None and _float32_rows(xa, xb, w) and xa.shape == xb.shape and w.size == xa.shape[-1]:
-            n = xa.shape[-1]  # a prompt's rows: the decode kernel's arithmetic, row after row
-            total, normed = np.empty(xa.shape, np.float32), np.empty(xa.shape, np.float32)
-            compiled.add_rms_norm_rows(xa.reshape(-1, n), xb.reshape(-1, n), np.float32(eps), w.reshape(n),
-                                       total.reshape(-1, n), normed.reshape(-1, n))
-        else:
+        total = np.add(xa, xb)
+        store_h(total)
+        store(rms_norm(total, eps, w))
+
+    return add_rms_norm_step
+
+
+def _add_rms_norm_rows_step(method, kernel, inputs: tuple[int, ...], h: int, out: int):
+    """The compiled rows on what the summands hold, read where they lie (a linear's result is read
+    transposed: a contiguous copy of it cost a third of the step), written straight into h's and
+    the norm's planned bytes when they are apart from the summands (Method._result_getter:
+    no copy after); kernels.fast.rms_norm's numpy ops on anything else."""
+    from ..kernels.fast import rms_norm
+
+    ga, gb = _get_as_viewed(method, inputs[0]), _get_as_viewed(method, inputs[1])
+    ge, gw = _get(method, inputs[2]), _get(method, inputs[3])
+    store_h, store = method._store_fn(h), method._store_fn(out)
+    total_at, normed_at = method._result_getter(h), method._result_getter(out)
+
+    def add_rms_norm_rows_step():
+        xa, xb, eps, w = ga(), gb(), ge(), gw()
+        rows = _as_rows(xa), _as_rows(xb)
+        if rows[0] is None or rows[1] is None or not _float32_rows(w) or xa.shape != xb.shape or w.size != xa.shape[-1] \
+                or xa.dtype != np.float32 or xb.dtype != np.float32:
             total = np.add(xa, xb)
-            normed = rms_norm(total, eps, w)
+            store_h(total)
+            store(rms_norm(total, eps, w))
+            return
+        total = _result_or_new(total_at, xa.shape, (xa, xb))
+        normed = _result_or_new(normed_at, xa.shape, (xa, xb, total))
+        n = xa.shape[-1]
+        kernel(rows[0], rows[1], np.float32(eps), w.reshape(n), total.reshape(-1, n), normed.reshape(-1, n))
         store_h(total)
         store(normed)
 
-    return add_rms_norm_step
+    return add_rms_norm_rows_step
+
+
+def _as_rows(x) -> Optional[np.ndarray]:
+    """x [..., n] as a 2-D view [rows, n] in its own layout (a linear's result transposed, say), or
+    None when that would take a copy or x is not an array."""
+    if not isinstance(x, np.ndarray) or x.ndim < 2 or x.size == 0:
+        return None
+    if x.ndim == 2:
+        return x
+    if all(s == 1 for s in x.shape[:-2]) or x.flags.c_contiguous:
+        return x.reshape(-1, x.shape[-1])
+    return None
+
+
+def _result_or_new(result_at, shape: tuple[int, ...], inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The planned array of `shape` result_at gives (Method._result_getter), unless there is none
+    or it shares memory with an input the step still reads; else a new array."""
+    array = result_at(shape) if result_at is not None else None
+    if array is None or any(np.may_share_memory(array, x) for x in inputs):
+        return np.empty(shape, np.float32)
+    return array
 
 
 def _float32_rows(*arrays) -> bool:
@@ -610,8 +656,21 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
         eps = np.asarray(eps, np.float32)
     except (ValueError, TypeError):
         return None
-    n, inv = total.shape[-1], _scratch(method, "inverse", total.shape[:-1] + (1,))
+    n = total.shape[-1]
     rows = total.size // n
+    compiled = compiled_decode()
+    if compiled is not None and rows > 1 and w.size == n and total.flags.c_contiguous and normed.flags.c_contiguous:
+        a_rows, b_rows = _as_rows(xa), _as_rows(xb)  # a prompt's (a shape plan's): the general step's kernel
+        if a_rows is not None and b_rows is not None and not any(
+                np.may_share_memory(t, x) for t in (total, normed) for x in (xa, xb)):
+            kernel, eps32, weight = compiled.add_rms_norm_rows, np.float32(eps), w.reshape(n)
+            total_rows, normed_rows = total.reshape(-1, n), normed.reshape(-1, n)
+
+            def add_rms_norm_rows_into():
+                kernel(a_rows, b_rows, eps32, weight, total_rows, normed_rows)
+
+            return add_rms_norm_rows_into
+    inv = _scratch(method, "inverse", total.shape[:-1] + (1,))
     # Each row's sum of squares, added in order as the portable mean adds (reduce.row_sums), into
     # `total_of`: many rows side by side through a transposed scratch, a few by running sums.
     if rows >= SIDE_BY_SIDE_ROWS and total.flags.c_contiguous:
@@ -631,7 +690,6 @@ def _add_rms_norm_into(method, inputs: tuple[int, ...], h: int, out: int):
 
     if rows == 1:  # a decode step: the one row's scale in float32 scalars (four ufunc calls less)
         n32, eps32, last = np.float32(n), np.float32(eps), total_of.reshape(-1)
-        compiled = compiled_decode()
         if compiled is not None and w.size == n and all(t.flags.c_contiguous for t in arrays):
             kernel, flat = compiled.add_rms_norm_row, [t.reshape(-1) for t in arrays]  # views of the same bytes
 

@@ -87,9 +87,12 @@ def test_a_prompts_rows_through_the_compiled_steps_are_bit_identical_to_numpys()
     """A prompt's [1, T, n] residual add + RMSNorm and [1, T, H, D] RoPE (each position its own
     tables), row after row in the decode kernels, as the dynamic fused steps run them."""
     a, b, w, eps = rows(113, 576, scale=3.0), rows(113, 576), rows(576), np.float32(1e-5)
-    total, normed = np.empty_like(a), np.empty_like(a)
-    decode_jit.add_rms_norm_rows(a, b, eps, w, total, normed)
-    assert np.array_equal(total, a + b) and np.array_equal(normed, rms_norm(a + b, eps, w))
+    # b as it lies in memory too: a linear's result transposed (the kernel takes four rows at a
+    # time, then 113 % 4 one by one)
+    for b_read in (b, np.ascontiguousarray(b.T).T):
+        total, normed = np.empty_like(a), np.empty_like(a)
+        decode_jit.add_rms_norm_rows(a, b_read, eps, w, total, normed)
+        assert np.array_equal(total, a + b) and np.array_equal(normed, rms_norm(a + b, eps, w))
     x = rows(1, 113, 9, 64, scale=5.0)
     angles = RNG.uniform(-100, 100, (1, 113, 1, 32)).astype(np.float32)
     cos = np.concatenate([np.cos(angles), np.cos(angles)], axis=-1).astype(np.float32)

@@ -34,9 +34,32 @@ def add_rms_norm_row(a, b, eps, w, total, normed):
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def add_rms_norm_rows(a, b, eps, w, total, normed):
-    """add_rms_norm_row on each row of a, b, total, normed [R, n] (a prompt's tokens); w [n]."""
-    for r in range(total.shape[0]):
-        add_rms_norm_row(a[r], b[r], eps, w, total[r], normed[r])
+    """add_rms_norm_row on each row of a, b, total, normed [R, n] (a prompt's tokens; a and b in any
+    layout: a linear's result is read transposed); w [n]. Four rows at a time: their sums of
+    squares are four chains of adds side by side, each in its own row's order (the bits of one
+    row after another), where one row's chain waits on each add in turn."""
+    rows, n = total.shape
+    zero, r = np.float32(0), 0
+    while r + 4 <= rows:
+        a0, a1, a2, a3 = a[r], a[r + 1], a[r + 2], a[r + 3]
+        b0, b1, b2, b3 = b[r], b[r + 1], b[r + 2], b[r + 3]
+        t0, t1, t2, t3 = total[r], total[r + 1], total[r + 2], total[r + 3]
+        s0 = s1 = s2 = s3 = zero
+        for i in range(n):
+            x0, x1, x2, x3 = a0[i] + b0[i], a1[i] + b1[i], a2[i] + b2[i], a3[i] + b3[i]
+            t0[i], t1[i], t2[i], t3[i] = x0, x1, x2, x3
+            s0 += x0 * x0
+            s1 += x1 * x1
+            s2 += x2 * x2
+            s3 += x3 * x3
+        for j, squares in enumerate((s0, s1, s2, s3)):
+            scale = np.float32(1) / np.sqrt(squares / np.float32(n) + eps)
+            row, out = total[r + j], normed[r + j]
+            for i in range(n):
+                out[i] = row[i] * scale * w[i]
+        r += 4
+    for q in range(r, rows):
+        add_rms_norm_row(a[q], b[q], eps, w, total[q], normed[q])
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -123,7 +146,8 @@ def warm_up() -> None:
     add_rms_norm_row(row, row, np.float32(1e-5), weight, np.empty(16, np.float32), np.empty(16, np.float32))
     rms_norm_rows(row.reshape(1, 16), np.float32(1e-5), weight, np.empty((1, 16), np.float32))
     rows = np.ones((2, 16), np.float32)  # a prompt's forms
-    add_rms_norm_rows(rows, rows, np.float32(1e-5), weight, np.empty((2, 16), np.float32), np.empty((2, 16), np.float32))
+    for b in (rows, np.ones((16, 2), np.float32).T):  # a prompt's second summand: rows, or a linear's result transposed
+        add_rms_norm_rows(rows, b, np.float32(1e-5), weight, np.empty((2, 16), np.float32), np.empty((2, 16), np.float32))
     rope_swapped_positions(np.ones((2, 1, 16), np.float32), rows, rows, np.empty((2, 1, 16), np.float32))
     rope_swapped_rows(np.ones((2, 16), np.float32), row, row, np.empty((2, 16), np.float32))
     rotate_pairs_rows(np.ones((2, 16), np.float32), np.ones((2, 16), np.float32), np.ones((1, 16), np.float32),
