@@ -706,23 +706,26 @@ class Method:
         np.copyto(view, r, casting="unsafe")
         self.values[i] = d.placed = view
 
-    def _result_getter(self, ret: int) -> Optional[Callable[[tuple[int, ...]], Optional[np.ndarray]]]:
+    def _result_getter(self, ret: int) -> Optional[Callable[..., Optional[np.ndarray]]]:
         """For a step that writes a result of a shape known only when it runs (a prompt's): a
-        function giving, for that shape, the C-order array in value `ret`'s planned bytes that
-        the store of that result would copy into (placed in the value table now, so the store
-        finds it there and copies nothing), or None when the shape does not fit them. None for
-        a value that is not a dynamic tensor, or while a shape plan is being bound."""
+        function giving, for that shape, the array in value `ret`'s planned bytes that the store
+        of that result would copy into (C order, or with `transposed` a 2-D one's transpose in
+        C order, as `_place_dynamic` keeps such a result), placed in the value table now, so
+        the store finds it there and copies nothing; None when the shape does not fit them.
+        None for a value that is not a dynamic tensor, or while a shape plan is being bound."""
         if ret not in self._dynamic or self._frozen is not None:
             return None
         d, values = self._dynamic[ret], self.values
 
-        def result_array(shape: tuple[int, ...]) -> Optional[np.ndarray]:
-            current = values[ret]
-            if current is d.placed and current.shape == shape and current.flags.c_contiguous:
+        def result_array(shape: tuple[int, ...], transposed: bool = False) -> Optional[np.ndarray]:
+            current, transposed = values[ret], transposed and len(shape) == 2
+            if current is d.placed and current.shape == shape and (
+                    current.flags.f_contiguous if transposed else current.flags.c_contiguous):
                 return current
             if len(shape) != len(d.upper) or any(s > u for s, u in zip(shape, d.upper)):
                 return None  # the store says what is wrong
-            values[ret] = d.placed = d.storage[: _numel(shape) * d.dtype.itemsize].view(d.dtype).reshape(shape)
+            flat = d.storage[: _numel(shape) * d.dtype.itemsize].view(d.dtype)
+            values[ret] = d.placed = flat.reshape(shape[::-1]).T if transposed else flat.reshape(shape)
             return d.placed
 
         return result_array
