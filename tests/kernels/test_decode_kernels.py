@@ -125,10 +125,9 @@ def test_a_decode_plan_binds_the_compiled_steps_and_matches_numpys(tmp_path, mon
 
 
 def test_the_compiled_attentions_exp_rounds_as_the_numpy_paths():
-    """attention_jit.exp_below (a vectorised float64 polynomial, Estrin's scheme in fused multiply-adds)
-    gives the float32 the numpy path
-    (kv_cache._exp: float64 exp rounded once) gives, on scores spread as attention's are and on
-    the edges: 0, underflow to denormals and to 0, -inf, NaN."""
+    """attention_jit.exp_below (a vectorised float64 polynomial in fused multiply-adds) gives the
+    float32 the numpy path (kv_cache._exp: float64 exp rounded once) gives, on scores spread as
+    attention's are and on the edges: 0, underflow to denormals and to 0, -inf, NaN."""
     from execupy.kernels.fast.attention_jit import exp_below
     from execupy.kernels.llm.kv_cache import _exp
 
