@@ -545,24 +545,28 @@ def _match_add_rms_norm(g: Graph, anchor: Node) -> Optional[Fused]:
 
 
 def _add_rms_norm_step(method, a: int, b: int, eps: int, w: int, h: int, out: int):
-    from ..kernels.fast import rms_norm
-
     direct = _add_rms_norm_into(method, (a, b, eps, w), h, out)  # first: a shape plan's decode step binds it
     if direct is not None:
         return direct
-    store_h, store = method._store_fn(h), method._store_fn(out)
     compiled = compiled_decode()
     if compiled is not None:  # a prompt's rows: the decode kernel's arithmetic, row after row
         return _add_rms_norm_rows_step(method, compiled.add_rms_norm_rows, (a, b, eps, w), h, out)
     ga, gb, ge, gw = (_get(method, i) for i in (a, b, eps, w))
+    store_h, store = method._store_fn(h), method._store_fn(out)
 
     def add_rms_norm_step():
-        xa, xb, eps, w = ga(), gb(), ge(), gw()
-        total = np.add(xa, xb)
-        store_h(total)
-        store(rms_norm(total, eps, w))
+        _add_then_rms_norm(ga(), gb(), ge(), gw(), store_h, store)
 
     return add_rms_norm_step
+
+
+def _add_then_rms_norm(xa, xb, eps, w, store_h, store) -> None:
+    """h = xa + xb and its RMSNorm through numpy (kernels.fast.rms_norm), each stored."""
+    from ..kernels.fast import rms_norm
+
+    total = np.add(xa, xb)
+    store_h(total)
+    store(rms_norm(total, eps, w))
 
 
 def _add_rms_norm_rows_step(method, kernel, inputs: tuple[int, ...], h: int, out: int):
@@ -570,8 +574,6 @@ def _add_rms_norm_rows_step(method, kernel, inputs: tuple[int, ...], h: int, out
     transposed: a contiguous copy of it cost a third of the step), written straight into h's and
     the norm's planned bytes when they are apart from the summands (Method._result_getter:
     no copy after); kernels.fast.rms_norm's numpy ops on anything else."""
-    from ..kernels.fast import rms_norm
-
     ga, gb = _get_as_viewed(method, inputs[0]), _get_as_viewed(method, inputs[1])
     ge, gw = _get(method, inputs[2]), _get(method, inputs[3])
     store_h, store = method._store_fn(h), method._store_fn(out)
@@ -582,9 +584,7 @@ def _add_rms_norm_rows_step(method, kernel, inputs: tuple[int, ...], h: int, out
         rows = _as_rows(xa), _as_rows(xb)
         if rows[0] is None or rows[1] is None or not _float32_rows(w) or xa.shape != xb.shape or w.size != xa.shape[-1] \
                 or xa.dtype != np.float32 or xb.dtype != np.float32:
-            total = np.add(xa, xb)
-            store_h(total)
-            store(rms_norm(total, eps, w))
+            _add_then_rms_norm(xa, xb, eps, w, store_h, store)
             return
         total = _result_or_new(total_at, xa.shape, (xa, xb))
         normed = _result_or_new(normed_at, xa.shape, (xa, xb, total))
@@ -981,13 +981,14 @@ def _silu_as_laid_out(method, gate: int, out: int):
     from ..kernels.fast import compiled_silu, silu
 
     get, store, result_at = _get_as_viewed(method, gate), method._store_fn(out), method._result_getter(out)
+    decode = compiled_decode() if result_at is not None else None
 
     def silu_step():
         x = get()
-        if isinstance(x, np.ndarray) and x.dtype == np.float32 and result_at is not None:
+        if decode is not None and isinstance(x, np.ndarray) and x.dtype == np.float32:
             # straight into the planned bytes, in x's layout (then the store has nothing to copy)
             result = result_at(x.shape, transposed=x.ndim == 2 and not x.flags.c_contiguous)
-            compiled = compiled_silu(x, result) if result is not None else None
+            compiled = compiled_silu(x, result, decode) if result is not None else None
             if compiled is not None:
                 compiled()
                 store(result)

@@ -91,18 +91,21 @@ def silu(gate: np.ndarray) -> np.ndarray:
     """gate * sigmoid(gate), as sigmoid then mul compute it, in gate's layout (a prompt's gate is
     a linear's result transposed); numpy's exp, then the rest in one compiled pass where numba
     is loaded."""
-    out = np.empty_like(gate)
-    compiled = compiled_silu(gate, out)
-    if compiled is None:
-        return gate * _sigmoid(gate)
-    compiled()
-    return out
-
-
-def compiled_silu(x: np.ndarray, out: np.ndarray) -> Optional[Callable[[], None]]:
-    """A call writing silu(x) into out, through decode_jit.silu_of_exp, when numba is loaded and x
-    and out are float32 laid out alike in one block (either order); else None."""
     compiled = compiled_decode()
+    if compiled is not None:
+        out = np.empty_like(gate)
+        run = compiled_silu(gate, out, compiled)
+        if run is not None:
+            run()
+            return out
+    return gate * _sigmoid(gate)
+
+
+def compiled_silu(x: np.ndarray, out: np.ndarray, compiled=None) -> Optional[Callable[[], None]]:
+    """A call writing silu(x) into out, through decode_jit.silu_of_exp, when numba is loaded and x
+    and out are float32 laid out alike in one block (either order); else None. `compiled`:
+    `compiled_decode()` looked up already (a step's bind: the lookup costs ~4 us)."""
+    compiled = compiled if compiled is not None else compiled_decode()
     flat = same_layout_flat(x, out) if compiled is not None and x.dtype == out.dtype == np.float32 else None
     if flat is None or np.may_share_memory(x, out):
         return None
