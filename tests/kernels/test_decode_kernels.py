@@ -72,15 +72,28 @@ def test_rotate_pairs_is_what_its_nodes_compute_and_the_compiled_rows_the_same_b
     assert np.array_equal(out, nodes)
 
 
-@pytest.mark.parametrize("shape,scale", [((1, 1, 576), 1.0), ((1, 1, 576), 3e3), ((1, 113, 576), 1e-3), ((4, 7), 1.0)])
-def test_mean_rows_is_the_portable_means_bits(shape, scale):
+@pytest.mark.parametrize("shape,scale", [((1, 1, 576), 1.0), ((1, 1, 576), 3e3), ((1, 113, 576), 1e-3), ((4, 7), 1.0),
+                                         ((1, 9, 15), 1.0), ((17, 1), 1.0), ((1, 16, 2), 1.0)])
+def test_mean_rows_is_the_portable_means_bits(shape, scale, monkeypatch):
+    """The compiled mean (eight rows side by side, then one by one) against the numpy path's
+    (the portable kernel with the compiled path off), with a row of -0.0 (summed from 0: 0.0),
+    NaN and inf; the portable kernel itself takes the compiled path when numba is loaded."""
+    from execupy.kernels import fast
     from execupy.kernels.portable.reduce import mean_dim
 
     x = rows(*shape, scale=scale) ** 2  # an RMSNorm's squares
-    expected = mean_dim(x, [-1], True, None, np.empty(shape[:-1] + (1,), np.float32))
+    flat = x.reshape(-1, shape[-1])
+    flat[0] = -0.0
+    if flat.shape[0] > 3:
+        flat[2, -1], flat[3, 0] = np.nan, np.inf
+    with monkeypatch.context() as m:
+        m.setattr(fast, "compiled_decode", lambda: None)
+        expected = mean_dim(x, [-1], True, None, np.empty(shape[:-1] + (1,), np.float32))
     out = np.empty(shape[:-1] + (1,), np.float32)
-    decode_jit.mean_rows(x.reshape(-1, shape[-1]), out.reshape(-1))
-    assert np.array_equal(out, expected)
+    decode_jit.mean_rows(flat, out.reshape(-1))
+    assert np.array_equal(out, expected, equal_nan=True) and not np.signbit(out.flat[0])
+    through_kernel = mean_dim(x, [-1], True, None, np.empty(shape[:-1] + (1,), np.float32))
+    assert np.array_equal(through_kernel, expected, equal_nan=True)
 
 
 def test_a_prompts_rows_through_the_compiled_steps_are_bit_identical_to_numpys():

@@ -74,6 +74,12 @@ def sum_all(x: np.ndarray, dtype: Optional[int] = None, out: np.ndarray = None) 
 def mean_dim(x: np.ndarray, dim: Dims = None, keepdim: bool = False, dtype: Optional[int] = None,
              out: np.ndarray = None) -> np.ndarray:
     if last_dim_float32(x, dim, keepdim, dtype, out):  # an RMSNorm's mean: the same sums, fewer steps
+        from ..fast import compiled_decode  # (here: kernels.fast imports this module)
+
+        compiled = compiled_decode() if x.flags.c_contiguous and out.flags.c_contiguous else None
+        if compiled is not None and not np.may_share_memory(x, out):  # one pass, eight rows at once
+            compiled.mean_rows(x.reshape(-1, x.shape[-1]), out.reshape(-1))
+            return out
         with np.errstate(all="ignore"):
             return np.true_divide(row_sums(x, np.float32), x.shape[-1], out=out)
     x = _cast_input(x, dtype)
@@ -108,14 +114,14 @@ SIDE_BY_SIDE_ROWS = 8  # from this many rows on, `row_sums` adds them side by si
 
 
 def row_sums(x: np.ndarray, acc: np.dtype) -> np.ndarray:
-    """[..., 1]: each row of x (its last axis, not empty) summed in `acc` one element after
-    another, in index order. Few rows: cumsum's running sums. Many: side by side, a transposed
+    """[..., 1]: each row of x (its last axis, not empty) summed in `acc` from 0, one element
+    after another, in index order (a row of -0.0 sums to 0.0). Few rows: cumsum's running sums. Many: side by side, a transposed
     copy [n, rows] reduced over its first axis, which numpy adds one whole row of the copy after
     another (it adds pairwise only along its inner loop, here the rows), vectorised across
     the rows: the same sums, an RMSNorm's mean over a 113-token prompt in 28 us instead of 180."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] < SIDE_BY_SIDE_ROWS:
-        return np.cumsum(x, axis=-1, dtype=acc)[..., -1:]
+    if rows.shape[0] < SIDE_BY_SIDE_ROWS:  # (+ 0: a reduction starts from 0, a running sum from x[0])
+        return np.cumsum(x, axis=-1, dtype=acc)[..., -1:] + np.zeros((), acc)
     return np.add.reduce(np.ascontiguousarray(rows.T, acc), axis=0).reshape(x.shape[:-1] + (1,))
 
 
