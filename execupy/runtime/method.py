@@ -119,6 +119,8 @@ _BLAS_PRODUCTS: dict[str, Callable[..., int]] = {
 # Ops computed element by element and exactly rounded: their result does not depend on how their
 # operands lie in memory, so they read a view fusion leaves unexecuted (a prompt's transposed
 # activations) as it is (Method._arg's in_place) instead of a contiguous copy made at each call.
+# A view op's copy left as a step (fusion.VIEW_OPS) reads its source so too: ExecuTorch's RoPE
+# squeezes a strided slice of q for a delegate, once copied to make it contiguous, then again.
 _LAYOUT_FREE = frozenset({"aten::add.out", "aten::sub.out", "aten::mul.out", "aten::div.out"})
 # From this many multiply-adds (m * k * n) on, OpenBLAS packs its operands for its general kernel
 # whatever their layout; below, its "direct" sgemm of untransposed operands (SkylakeX, up to
@@ -785,7 +787,7 @@ class Method:
             parts = [self._arg(a) for a in ins.args]
             store = self._store_fn(ins.args[0])
         else:
-            parts = [self._arg(a, key in _LAYOUT_FREE) for a in ins.args[:-1]]
+            parts = [self._arg(a, key in _LAYOUT_FREE or key in VIEW_OPS) for a in ins.args[:-1]]
             if key == "aten::mm.out":
                 parts = self._product_operands(ins.args[:-1], parts)
             store = self._store_fn(ins.args[-1])
