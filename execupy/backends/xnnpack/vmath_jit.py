@@ -13,22 +13,13 @@ from numba import types
 from numba.extending import intrinsic
 
 from ...kernels.fast import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from ...kernels.fast.attention_jit import _float64_from_bits
+from ...kernels.fast.fma_jit import float32_bits, float64_from_bits
 from ...kernels.fast.fma_jit import fma32 as _fma
 from .vmath import (_C1, _C2, _LOG2E, _MAGIC_BIAS, _MINUS_LN2_HI, _MINUS_LN2_LO, _TABLE, GELU_BOUND,
                     GELU_DENOMINATOR, GELU_NUMERATOR)
 
 _A11, _A9, _A7, _A5, _A3, _A1 = GELU_NUMERATOR
 _B10, _B8, _B6, _B4, _B2, _B0 = GELU_DENOMINATOR
-
-
-@intrinsic
-def _bits32(typingctx, x):
-    """The uint32 bits of the float32 x (as numpy's view of a float32 array as uint32)."""
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(types.float32), codegen
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy")
@@ -39,7 +30,7 @@ def _sigmoid_of(v):
     # element: the sigmoid over [113, 1536] 253 -> 127 us)
     z = -abs(v)
     biased = _fma(z, _LOG2E, _MAGIC_BIAS)
-    entry = _TABLE[_bits32(biased) & np.uint32(31)]
+    entry = _TABLE[float32_bits(biased) & np.uint32(31)]
     n = np.float32(biased - _MAGIC_BIAS)
     t = _fma(n, _MINUS_LN2_HI, z)
     t = _fma(n, _MINUS_LN2_LO, t)
@@ -51,7 +42,7 @@ def _sigmoid_of(v):
     # NaN (where numpy's ldexp gets INT_MIN and so does p * 0 here, p being finite or NaN)
     whole = np.floor(n)
     inside = whole >= -151.0
-    power = _float64_from_bits((np.int64(whole if inside else 0.0) + 1023) << 52)  # a normal float64
+    power = float64_from_bits((np.int64(whole if inside else 0.0) + 1023) << 52)  # a normal float64
     e = np.float32(np.float64(p) * (power if inside else 0.0))
     f = np.float32(e / np.float32(e + np.float32(1)))
     return f if math.copysign(1.0, v) < 0 else np.float32(np.float32(1) - f)

@@ -24,11 +24,9 @@ import math
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .fma_jit import float64_from_bits
 from .rows_jit import is_nan_bits, ordered_key
 
 _LANES = 16
@@ -40,15 +38,6 @@ _LN2_HI, _LN2_LO, _LOG2E = 6.93147180369123816490e-01, 1.90821492927058770002e-1
 (_C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13) = (
     1.0 / math.factorial(i) for i in range(14))
 _EXP_FLOOR = -105.0
-
-
-@intrinsic
-def _float64_from_bits(typingctx, bits):
-    """The float64 whose bits are the int64 `bits` (2**k from its exponent field)."""
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
 
 
 # "contract": fused multiply-adds (one rounding each, so the float64 is as close as before or closer).
@@ -68,7 +57,7 @@ def exp_below(e, m, top):
         low = (_C0 + _C1 * r) + (_C2 + _C3 * r) * r2 + ((_C4 + _C5 * r) + (_C6 + _C7 * r) * r2) * r4
         high = (_C8 + _C9 * r) + (_C10 + _C11 * r) * r2 + (_C12 + _C13 * r) * r4
         p = low + high * (r4 * r4)
-        v = np.float32(p * _float64_from_bits((np.int64(k) + 1023) << 52))  # k in [-152, 0]: a normal 2**k
+        v = np.float32(p * float64_from_bits((np.int64(k) + 1023) << 52))  # k in [-152, 0]: a normal 2**k
         e[t] = v if x == x else np.float32(x)
 
 
