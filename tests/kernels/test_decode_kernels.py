@@ -76,8 +76,9 @@ def test_rotate_pairs_is_what_its_nodes_compute_and_the_compiled_rows_the_same_b
                                          ((1, 9, 15), 1.0), ((17, 1), 1.0), ((1, 16, 2), 1.0)])
 def test_mean_rows_is_the_portable_means_bits(shape, scale, monkeypatch):
     """The compiled mean (eight rows side by side, then one by one) against the numpy path's
-    (the portable kernel with the compiled path off), with a row of -0.0 (summed from 0: 0.0),
-    NaN and inf; the portable kernel itself takes the compiled path when numba is loaded."""
+    (the portable kernel with the compiled path off), with a row of -0.0 (summed from its first
+    element, as ExecuTorch seeds a reduction: -0.0), NaN and inf; the portable kernel itself
+    takes the compiled path when numba is loaded."""
     from execupy.kernels import fast
     from execupy.kernels.portable.reduce import mean_dim
 
@@ -91,7 +92,7 @@ def test_mean_rows_is_the_portable_means_bits(shape, scale, monkeypatch):
         expected = mean_dim(x, [-1], True, None, np.empty(shape[:-1] + (1,), np.float32))
     out = np.empty(shape[:-1] + (1,), np.float32)
     decode_jit.mean_rows(flat, out.reshape(-1))
-    assert np.array_equal(out, expected, equal_nan=True) and not np.signbit(out.flat[0])
+    assert np.array_equal(out, expected, equal_nan=True) and np.signbit(out.flat[0]) and np.signbit(expected.flat[0])
     through_kernel = mean_dim(x, [-1], True, None, np.empty(shape[:-1] + (1,), np.float32))
     assert np.array_equal(through_kernel, expected, equal_nan=True)
 

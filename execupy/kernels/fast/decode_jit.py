@@ -121,9 +121,9 @@ def rotate_pairs_rows(a, b, cos, sin, heads, out):
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def mean_rows(x, out):
-    """out[r] = (0 + x[r, 0] + x[r, 1] + ...: float32, added in index order, as the portable mean's
-    reduce.row_sums adds) / n for x [R, n], out [R]: an RMSNorm's mean that the program leaves as
-    its own instruction. Eight rows side by side, eight independent chains of adds (one row's
+    """out[r] = (x[r, 0] + x[r, 1] + ...: float32, added in index order from the first element, as
+    ExecuTorch's portable mean and reduce.row_sums add) / n for x [R, n], n > 0, out [R]: an
+    RMSNorm's mean that the program leaves as its own instruction. Eight rows side by side, eight independent chains of adds (one row's
     chain waits on each add's latency: a 113-token prompt's mean took 69 us through numpy, 15 here)."""
     rows, n = x.shape
     count = np.float32(n)
@@ -131,8 +131,8 @@ def mean_rows(x, out):
     while r + 8 <= rows:
         a, b, c, d = x[r], x[r + 1], x[r + 2], x[r + 3]
         e, f, g, h = x[r + 4], x[r + 5], x[r + 6], x[r + 7]
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
-        for j in range(n):
+        s0, s1, s2, s3, s4, s5, s6, s7 = a[0], b[0], c[0], d[0], e[0], f[0], g[0], h[0]
+        for j in range(1, n):
             s0 += a[j]
             s1 += b[j]
             s2 += c[j]
@@ -145,8 +145,8 @@ def mean_rows(x, out):
         out[r + 4], out[r + 5], out[r + 6], out[r + 7] = s4 / count, s5 / count, s6 / count, s7 / count
         r += 8
     for i in range(r, rows):
-        total = np.float32(0)
-        for j in range(n):
+        total = x[i, 0]
+        for j in range(1, n):
             total += x[i, j]
         out[i] = total / count
 

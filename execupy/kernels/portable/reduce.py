@@ -114,15 +114,23 @@ SIDE_BY_SIDE_ROWS = 8  # from this many rows on, `row_sums` adds them side by si
 
 
 def row_sums(x: np.ndarray, acc: np.dtype) -> np.ndarray:
-    """[..., 1]: each row of x (its last axis, not empty) summed in `acc` from 0, one element
-    after another, in index order (a row of -0.0 sums to 0.0). Few rows: cumsum's running sums. Many: side by side, a transposed
-    copy [n, rows] reduced over its first axis, which numpy adds one whole row of the copy after
-    another (it adds pairwise only along its inner loop, here the rows), vectorised across
-    the rows: the same sums, an RMSNorm's mean over a 113-token prompt in 28 us instead of 180."""
+    """[..., 1]: each row of x (its last axis, not empty) summed in `acc` one element after
+    another, in index order, from the first element as ExecuTorch's reductions seed their
+    accumulator (from 0, a row of -0.0 would sum to 0.0, not -0.0). Few rows: cumsum's running
+    sums. Many: side by side, a transposed copy [n, rows] reduced over its first axis, which
+    numpy adds one whole row of the copy after another (it adds pairwise only along its inner
+    loop, here the rows), vectorised across the rows: the same sums, an RMSNorm's mean over a
+    113-token prompt in 28 us instead of 180."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] < SIDE_BY_SIDE_ROWS:  # (+ 0: a reduction starts from 0, a running sum from x[0])
-        return np.cumsum(x, axis=-1, dtype=acc)[..., -1:] + np.zeros((), acc)
-    return np.add.reduce(np.ascontiguousarray(rows.T, acc), axis=0).reshape(x.shape[:-1] + (1,))
+    if rows.shape[0] < SIDE_BY_SIDE_ROWS:
+        return np.cumsum(x, axis=-1, dtype=acc)[..., -1:]
+    total = np.add.reduce(np.ascontiguousarray(rows.T, acc), axis=0)
+    zero = total == 0  # numpy's reduce starts from +0: a row all of -0.0 sums to -0.0 from its first element
+    if zero.any() and total.dtype.kind == "f":
+        for r in np.flatnonzero(zero):
+            if np.all((rows[r] == 0) & np.signbit(rows[r])):
+                total[r] = -total.dtype.type(0)
+    return total.reshape(x.shape[:-1] + (1,))
 
 
 @register_kernel("aten::mean.dtype_out")
