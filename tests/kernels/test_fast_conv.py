@@ -173,6 +173,51 @@ def test_requantize_numba_equals_numpy(acc_dtype, bias_dtype, storage, zero, lo,
                                                                zero, lo, hi, np.empty(acc.shape, storage)))
 
 
+GEMM_SHAPES = [(1, 27, 16), (5, 8, 48), (6, 16, 8), (7, 3, 17), (13, 96, 16), (100, 48, 288), (25, 160, 1000)]
+
+
+@pytest.mark.parametrize("m, k, n", GEMM_SHAPES)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_gemm_kernel_numba_equals_numpy_within_rounding(m, k, n, epilogue):
+    """A 1x1 conv's product + XNNPACK's epilogue: the tiles sum from the bias up with fmas, BLAS
+    in its own order; the same values within float32 rounding, NaN where NaN, clamped alike."""
+    rng = np.random.default_rng(m * k + n)
+    rows = rng.standard_normal((m, k)).astype(np.float32)
+    if m > 1:
+        rows[m // 2, 0] = np.nan  # a NaN row stays NaN through the clamp
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    args = _epilogue(epilogue, n, rng)
+    args = args + (None, -np.inf, np.inf)[len(args):]
+    ours, reference = FC.NUMBA["gemm_kernel"](w, *args)(rows), FC.NUMPY["gemm_kernel"](w, *args)(rows)
+    assert ours.shape == reference.shape == (m, n) and ours.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(reference))
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    numbers = ours[~np.isnan(ours)]
+    if epilogue in ("bias_relu6", "clamp_only") and numbers.size > 100:
+        assert numbers.min() >= args[1] and numbers.max() <= args[2] and (numbers == args[2]).any()
+
+
+@pytest.mark.parametrize("m, k, n", GEMM_SHAPES)
+@pytest.mark.parametrize("storage, zero, lo, hi", [(np.int8, -3, -128, 127), (np.uint8, 128, 0, 255)])
+def test_gemm_kernel_of_an_int8_conv_equals_numpy_bit_for_bit(m, k, n, storage, zero, lo, hi):
+    """Integer data whose sums float32 holds (XNNPACK's int8 convs): the same exact sums in any
+    order, so the float outputs and the requantized int8 ones are numpy's bits; the rows are
+    read as they are (uint8 here), the filter shifted by its zero point."""
+    rng = np.random.default_rng(m + k * n)
+    rows = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    w = rng.integers(-127, 128, (k, n)).astype(np.float32)
+    sums = FC.NUMBA["gemm_kernel"](w, None, -np.inf, np.inf)(rows)
+    np.testing.assert_array_equal(sums, rows.astype(np.int64) @ w.astype(np.int64))
+    bias = rng.integers(-5000, 5000, n).astype(np.float32)
+    scale = (rng.random(n) * 4e-4).astype(np.float32)
+    requantized = (scale, zero, storage)
+    ours = FC.NUMBA["gemm_kernel"](w, bias, lo, hi, requantized)(rows)
+    reference = FC.NUMPY["gemm_kernel"](w, bias, lo, hi, requantized)(rows)
+    assert ours.dtype == reference.dtype == storage
+    np.testing.assert_array_equal(ours, reference)
+    assert ours.min() >= lo and ours.max() <= hi and len(np.unique(ours)) > min(20, m * n // 4)
+
+
 def test_a_bias_float32_cannot_hold_must_stay_float64():
     """float32 sums + a float32 bias is the float64 sum rounded once (the same bits) as long as the
     bias is a float32 value; 2**24 + 1 is not, and rounding it first changes the result."""
@@ -235,8 +280,18 @@ FC.NUMBA["depthwise_nhwc"](x.transpose(0, 2, 3, 1).copy(), np.ones((3, 3, 2), np
                            0, np.empty((1, 3, 3, 2), np.float32))  # strided: its input split by column phase
 FC.NUMBA["bias_clamp"](np.ones((4, 3), np.float32), np.ones(3, np.float32), 0.0, 6.0)
 FC.NUMBA["depthwise_nhwc"](np.ones((1, 5, 5, 32), np.float32), np.ones((3, 3, 32), np.float32), (1, 1), (1, 1),
-                           (1, 1, 1, 1), 0, np.empty((1, 5, 5, 32), np.float32))  # 32 channels: pixel by pixel
+                           (1, 1, 1, 1), 3, np.empty((1, 5, 5, 32), np.float32))  # float data with a zero point: pixel by pixel
 FC.NUMBA["pad_into"](np.ones((1, 2, 2, 3), np.float32), 0, 1, 1, np.zeros((1, 4, 4, 3), np.float32))
+FC.NUMBA["depthwise_nhwc"](np.ones((1, 5, 5, 16), np.float32), np.ones((3, 3, 16), np.float32), (1, 1), (1, 1),
+                           (1, 1, 1, 1), 0, np.empty((1, 5, 5, 16), np.float32))  # 16 channels a vector
+"""
+
+GEMM_CACHE_PROBE = """
+import numpy as np
+from execupy.kernels.fast import conv as FC, gemm_jit as K
+w = np.ones((3, 20), np.float32)
+FC.NUMBA["gemm_kernel"](w, None, 0.0, 6.0)(np.ones((7, 3), np.float32))
+FC.NUMBA["gemm_kernel"](w, np.zeros(20, np.float32), -128, 127, (np.ones(20, np.float32), 0, np.int8))(np.ones((7, 3), np.uint8))
 """
 
 
@@ -246,6 +301,16 @@ def test_a_second_process_finds_every_conv_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"nchw", "split_columns", "nhwc", "nhwc_3x3", "bias_clamp_flat", "pad_into", "requantize_rows"}
+    assert set(first) == {"nchw", "split_columns", "nhwc", "nhwc_3x3", "bias_clamp_flat", "pad_into", "requantize_rows",
+                          "nhwc_3x3_vectors"}
+    assert all(misses > 0 for _, misses in first.values())
+    assert all(hits > 0 and misses == 0 for hits, misses in second.values())
+
+
+def test_a_second_process_finds_the_gemm_kernels_in_numbas_cache(tmp_path):
+    from tests.numba_cache import two_processes_cache_stats
+
+    first, second = two_processes_cache_stats(GEMM_CACHE_PROBE, tmp_path)
+    assert set(first) == {"gemm_bias_clamp", "gemm_requantize"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

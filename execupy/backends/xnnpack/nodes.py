@@ -666,15 +666,31 @@ def _conv_nchw(node: Node, w: np.ndarray, dtype) -> Callable[[np.ndarray], np.nd
 Epilogue = tuple[Optional[np.ndarray], float, float]  # a float conv's bias (or None) and clamp bounds
 
 
-def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype,
-               epilogue: Optional[Epilogue] = None) -> Callable[[np.ndarray], np.ndarray] | None:
+@dataclass(frozen=True)
+class Requantization:
+    """An int8 conv's output step (conv.requantize): + bias, * scale, + zero point, clamped, stored."""
+    bias: np.ndarray
+    scale: np.ndarray
+    zero_point: int
+    lo: float
+    hi: float
+    storage: type
+
+    def __call__(self, acc: np.ndarray) -> np.ndarray:
+        return FC.requantize(acc, self.bias, self.scale, self.zero_point, self.lo, self.hi,
+                             np.empty(acc.shape, self.storage))
+
+
+def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optional[Epilogue] = None,
+               requantized: Optional[Requantization] = None) -> Callable[[np.ndarray], np.ndarray] | None:
     """NHWC x -> NHWC conv(x - x_zero, w) without the NCHW round trip, for the two kinds of
     layer a MobileNet is mostly made of: a depthwise conv through the compiled kernel and an
-    ungrouped conv as one matmul (a 1x1 one straight on the pixels, others on an NHWC
-    im2col), both in `dtype` (for integer inputs the caller's choice of a type that holds
-    every sum exactly, as XNNPACK's int32 does). With `epilogue` the result is also + bias
-    and clamped, in the compiled kernel's own pass over each output row or in one pass after
-    the matmul. None for any other convolution (grouped, transposed)."""
+    ungrouped conv as one product (a 1x1 one straight on the pixels, others on an NHWC
+    im2col; conv.gemm_kernel), both in `dtype` (for integer inputs the caller's choice of a
+    type that holds every sum exactly, as XNNPACK's int32 does). With `epilogue` the result
+    is also + bias and clamped, with `requantized` it is the int8 output, in the compiled
+    kernel's own pass over its outputs or in one pass after. None for any other convolution
+    (grouped, transposed)."""
     f = node.fields
     stride, dilation, pads = _conv_geometry(f)
     cout, cin_g, kh, kw = w.shape
@@ -691,19 +707,25 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype,
             ow = conv_output_size(width + pads[1][0] + pads[1][1], kw, stride[1], 0, dilation[1])
             return kernel(np.ascontiguousarray(x), np.empty((n, oh, ow, cout), acc))
 
-        return depthwise
+        return depthwise if requantized is None else lambda x: requantized(depthwise(x))
     if node.kind != "Conv2d" or max(1, f["groups"]) != 1 or channels != cin_g:
         return None
     # rows in (KH, KW, Cin) order: an NHWC window's pixels are runs of KW * Cin contiguous values
     wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, cout).astype(dtype))
     zero = dtype(x_zero)
     padded = any(p for pair in pads for p in pair)
-    finish = FC.bias_clamp_kernel(*epilogue) if epilogue else (lambda y: y)
+    if requantized is not None:
+        r = requantized
+        product = FC.gemm_kernel(wt, r.bias, r.lo, r.hi, (r.scale, r.zero_point, r.storage))
+    else:
+        product = FC.gemm_kernel(wt, *(epilogue or (None, -np.inf, np.inf)))
     if (kh, kw) == (1, 1) and stride == (1, 1) and not padded:
 
         def pointwise(x: np.ndarray) -> np.ndarray:
-            rows = x.reshape(-1, cin_g).astype(dtype, copy=False)
-            return finish(np.matmul(rows - zero if x_zero else rows, wt)).reshape(*x.shape[:-1], cout)
+            rows = x.reshape(-1, cin_g)
+            if x_zero:
+                rows = rows.astype(dtype) - zero
+            return product(rows).reshape(*x.shape[:-1], cout)  # int8 data read as it is (exact in dtype)
 
         return pointwise
 
@@ -727,7 +749,7 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype,
             windows = as_strided(xp, (n, oh, ow, kh, kw, c),
                                  (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc),
                                  writeable=False)
-        return finish(np.matmul(windows.reshape(n * oh * ow, kh * kw * c), wt)).reshape(n, oh, ow, cout)
+        return product(windows.reshape(n * oh * ow, kh * kw * c)).reshape(n, oh, ow, cout)
 
     return dense
 
@@ -756,27 +778,31 @@ def _convolution(node: Node, g) -> Step:
         # The integer sums XNNPACK computes in int32, exactly: in float32 BLAS where that is
         # exact (twice the speed of float64), else in float64, which holds every int32.
         acc_dtype = F32 if _exact_in_float32(w_shifted, x_val.datatype, x_zp) else np.float64
-        conv = _fast_conv(node, g, w_shifted, x_zp, acc_dtype)
-        if conv is None:
-            nchw = _conv_nchw(node, w_shifted, acc_dtype)
-            conv = lambda x: nchw(x.astype(acc_dtype) - acc_dtype(x_zp))
         scale = _requant_scale(x_val, g.scales(f["filter_id"]), out_val)
         lo, hi = Q.quantized_bounds(out_val.datatype, out_val.quant.scale[0], out_val.quant.zero_point,
                                     node.output_min, node.output_max)
         if FC.BACKEND == "numba" and scale.size in (1, cout) and bias.shape == (cout,):
-            # XNNPACK's fp32 requantization (Q.requantize) and the bias in one pass
+            # XNNPACK's fp32 requantization (Q.requantize) and the bias in one pass, or in the
+            # product's own (conv.gemm_kernel)
             scale_c = np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (cout,)), F32)
-            storage, zp = Q.STORAGE[out_val.datatype], out_val.quant.zero_point
             # float32 sums + the bias in float32 where the bias is a float32 value: one correctly
             # rounded add, the float64 sum's bits, 2.3x faster (MobileNetV2's requantization was a
             # third of its time)
             bias_c = bias.astype(F32) if acc_dtype == F32 and np.array_equal(bias.astype(F32), bias) else bias
+            requantized = Requantization(bias_c, scale_c, out_val.quant.zero_point, lo, hi, Q.STORAGE[out_val.datatype])
+            conv = _fast_conv(node, g, w_shifted, x_zp, acc_dtype, requantized=requantized)
+            if conv is None:
+                nchw = _conv_nchw(node, w_shifted, acc_dtype)
+                conv = lambda x: requantized(nchw(x.astype(acc_dtype) - acc_dtype(x_zp)))  # noqa: E731
 
             def step_quantized(vals: list) -> None:
-                acc = conv(vals[x_id])
-                vals[out] = FC.requantize(acc, bias_c, scale_c, zp, lo, hi, np.empty(acc.shape, storage))
+                vals[out] = conv(vals[x_id])
 
             return step_quantized
+        conv = _fast_conv(node, g, w_shifted, x_zp, acc_dtype)
+        if conv is None:
+            nchw = _conv_nchw(node, w_shifted, acc_dtype)
+            conv = lambda x: nchw(x.astype(acc_dtype) - acc_dtype(x_zp))  # noqa: E731
 
         def step_quantized_numpy(vals: list) -> None:
             acc = conv(vals[x_id]) + bias  # exact integers in float64

@@ -20,14 +20,25 @@ Two layouts:
   that holds: faster than int32 products), so the sum is XNNPACK's int32 one. A float
   convolution may end with XNNPACK's epilogue: + bias, then clamped to [lo, hi] (NaN stays
   NaN), each output row while it is still in cache.
-  The compiled kernel runs each (output row, tap) as one loop over the row against the
-  tap's weights tiled across it; a strided conv first splits the input's columns by phase
-  so that those loops read contiguous runs. A 3x3 layer of 32 channels or more summed in a
-  float type runs pixel by pixel instead (`nhwc_3x3`: the nine products and the epilogue of each channel in
-  registers, no split; the same operations in the same order).
+  A 3x3 layer of 16 channels or more summed in float32 (float data, or int8 data) runs 16
+  channels a vector (`nhwc_3x3_vectors`: the nine filter vectors in registers along an output
+  row, the epilogue in registers, a padded tap read as the padded value; int8 data's exact
+  sums with fmas, the same values). Other layers: each (output row, tap) as one loop over the
+  row against the tap's weights tiled across it (a strided conv first splits the input's
+  columns by phase so that those loops read contiguous runs), or, 3x3 of 32 channels or more
+  for float data with a zero point or float64 sums, pixel by pixel (`nhwc_3x3`); the same
+  operations in the same order.
 
 `bias_clamp(y, bias, lo, hi)` is that epilogue alone, in place on a matmul's (..., C) result
 (`bias_clamp_kernel(bias, lo, hi)` the same with its constants bound once).
+`gemm_kernel(w, bias, lo, hi, requantized=None)` is a 1x1 or im2col convolution's product with
+that epilogue: rows [M, K] (float32, or int8 data) -> clamp(rows @ w + bias) [M, N] in float32,
+or with `requantized` = (scale, zero_point, storage dtype) the int8 convolution's output:
+requantize(rows @ w, bias, scale, zero_point, lo, hi), every sum of rows @ w an integer float32
+holds (the caller's check). numpy's is BLAS's matmul then the epilogue; the compiled one
+(gemm_jit) sums a tile of outputs in registers and finishes it there, one pass: the two agree
+within float32 rounding, and bit for bit for the int8 convolution (exact sums, the same
+requantization steps).
 `pad_into(x, x_zero, top, left, xp)` writes x - x_zero inside a zero border already in xp:
 numpy's copy from a transposed NCHW input (a CNN's first layer) runs ~5x slower.
 
@@ -105,6 +116,20 @@ def _bias_clamp_kernel_numpy(bias: Optional[np.ndarray], lo: float, hi: float) -
     return lambda y: _bias_clamp_numpy(y, bias, lo, hi)
 
 
+def _gemm_kernel_numpy(w: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float,
+                       requantized: Optional[tuple] = None) -> Callable[[np.ndarray], np.ndarray]:
+    """gemm_kernel: rows [M, K] -> clamp(rows @ w + bias, lo, hi), w [K, N] float32 (or requantized)."""
+    if requantized is None:
+        return lambda rows: _bias_clamp_numpy(np.matmul(rows.astype(w.dtype, copy=False), w), bias, lo, hi)
+    scale, zero_point, storage = requantized
+
+    def product(rows: np.ndarray) -> np.ndarray:
+        acc = np.matmul(rows.astype(w.dtype, copy=False), w)
+        return _requantize_numpy(acc, bias, scale, zero_point, lo, hi, np.empty(acc.shape, storage))
+
+    return product
+
+
 def _pad_into_numpy(x: np.ndarray, x_zero: int, top: int, left: int, xp: np.ndarray) -> np.ndarray:
     """xp[:, top:top + H, left:left + W] = x - x_zero, in xp's dtype (the rest of xp is left as it is)."""
     inner = xp[:, top:top + x.shape[1], left:left + x.shape[2]]
@@ -132,15 +157,17 @@ def _depthwise_nhwc_kernel_numpy(w: np.ndarray, stride: tuple[int, int], dilatio
 
 NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwise_nhwc": _depthwise_nhwc_numpy,
                               "depthwise_nhwc_kernel": _depthwise_nhwc_kernel_numpy, "bias_clamp": _bias_clamp_numpy,
-                              "bias_clamp_kernel": _bias_clamp_kernel_numpy, "pad_into": _pad_into_numpy,
-                              "requantize": _requantize_numpy}
+                              "bias_clamp_kernel": _bias_clamp_kernel_numpy, "gemm_kernel": _gemm_kernel_numpy,
+                              "pad_into": _pad_into_numpy, "requantize": _requantize_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
-# From this many channels a 3x3 depthwise layer runs pixel by pixel (conv_jit.nhwc_3x3): 1.4-2.2x
-# faster than tap by tap for 48-192 channels (a strided one also skips the column split), 3x
-# slower for 16.
+# From this many channels a 3x3 depthwise layer that nhwc_3x3_vectors does not take runs pixel by
+# pixel (conv_jit.nhwc_3x3): 1.4-2.2x faster than tap by tap for 48-192 channels (a strided one
+# also skips the column split), 3x slower for 16. nhwc_3x3_vectors was 1.4-4x faster again (16-288
+# channels; 80x80x16 138 -> 33 us).
 PIXELWISE_MIN_CHANNELS = 32
+_VECTOR_INPUTS = (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.uint8))  # what nhwc_3x3_vectors reads
 
 
 def _compile() -> Optional[dict[str, Callable]]:
@@ -177,9 +204,30 @@ def _compile() -> Optional[dict[str, Callable]]:
                                    no_bias if bias is None else np.tile(np.asarray(bias, dtype), ow))
             return rows[ow, dtype]
 
+        vector_args: dict = {}  # x's dtype -> (w, bias, padded value) for nhwc_3x3_vectors
+
+        def vectors(x, out) -> bool:
+            """nhwc_3x3_vectors where it applies: 3x3, float32 sums, 16 channels or more."""
+            c = x.shape[3]
+            if not (pixelwise and c >= K.LANES and out.dtype == np.float32 and x.dtype in _VECTOR_INPUTS
+                    and not (x_zero and x.dtype == np.float32)):  # float data with a zero point: nhwc_3x3
+                return False
+            if x.dtype not in vector_args:
+                no_bias = np.full(c, -0.0, np.float32)  # x + -0.0 is x: the same bits as no bias
+                vector_args[x.dtype] = (np.ascontiguousarray(w, np.float32),
+                                        no_bias if bias is None else np.ascontiguousarray(bias, np.float32),
+                                        np.full(c, x_zero, x.dtype))
+            w32, b32, padded = vector_args[x.dtype]
+            f32 = np.float32
+            K.nhwc_3x3_vectors(np.ascontiguousarray(x), padded, f32(x_zero), w32, b32, f32(lo), f32(hi), sh, sw,
+                               *dilation, pads[0], pads[2], out)
+            return True
+
         def depthwise(x, out):
             kind = out.dtype.type  # the zero point and the padding's zero in the accumulator's type
             n, h, width, c = x.shape
+            if vectors(x, out):
+                return out
             if pixelwise and c >= PIXELWISE_MIN_CHANNELS and out.dtype.kind == "f" and (
                     x.dtype == out.dtype or x.dtype.kind in "iu"):
                 w_typed, bias_typed = pixelwise_args(out.dtype)
@@ -221,6 +269,47 @@ def _compile() -> Optional[dict[str, Callable]]:
     def bias_clamp(y, bias, lo, hi):
         return bias_clamp_kernel(bias, lo, hi)(y)
 
+    def gemm_kernel(w, bias, lo, hi, requantized=None):
+        from . import gemm_jit as G
+
+        k, n = w.shape
+
+        def blas(rows):  # BLAS's product, the epilogue compiled
+            acc = np.matmul(rows.astype(w.dtype, copy=False), w)
+            if requantized is None:
+                return bias_clamp(acc, bias, lo, hi)
+            scale, zero_point, storage = requantized
+            return requantize(acc, bias, scale, zero_point, lo, hi, np.empty(acc.shape, storage))
+
+        if not G.FMA or w.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
+            return blas  # float64 sums (int8 data float32 cannot sum exactly), or a float64 bias
+        w_panels = G.panels(w)
+
+        def padded(v):
+            return np.pad(np.asarray(v, np.float32), (0, w_panels.shape[0] * G.LANES - n))
+
+        bias_p = padded(np.zeros(n) if bias is None else bias)
+        f32 = np.float32
+        if requantized is None:
+            run = lambda rows, out: G.gemm_bias_clamp(rows, w_panels, bias_p, f32(lo), f32(hi), out)  # noqa: E731
+            storage = np.float32
+        else:
+            scale, zero_point, storage = requantized
+            scale_p = padded(np.broadcast_to(scale, (n,)))
+            run = lambda rows, out: G.gemm_requantize(rows, w_panels, bias_p, scale_p, f32(zero_point),  # noqa: E731
+                                                      f32(lo), f32(hi), out)
+
+        def product(rows):
+            if rows.shape[0] < G.TILE_ROWS:  # a mat-vec: BLAS's reads w as fast
+                return blas(rows)
+            out = np.empty((rows.shape[0], n), storage)
+            # int8 data as float32 first: one vectorised pass, where converting in the tiles cost
+            # three instructions a row and input
+            run(np.ascontiguousarray(rows, np.float32), out)
+            return out
+
+        return product
+
     def pad_into(x, x_zero, top, left, xp):
         s = x.strides
         K.pad_into(x, xp.dtype.type(x_zero), top, left, abs(s[3]) > abs(s[2]), xp)
@@ -228,10 +317,11 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc,
             "depthwise_nhwc_kernel": depthwise_nhwc_kernel, "bias_clamp": bias_clamp,
-            "bias_clamp_kernel": bias_clamp_kernel, "pad_into": pad_into, "requantize": requantize}
+            "bias_clamp_kernel": bias_clamp_kernel, "gemm_kernel": gemm_kernel, "pad_into": pad_into,
+            "requantize": requantize}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if numba_enabled() else None
 BACKEND = "numba" if NUMBA is not None else "numpy"
-(depthwise_nchw, depthwise_nhwc, depthwise_nhwc_kernel, bias_clamp, bias_clamp_kernel, pad_into,
+(depthwise_nchw, depthwise_nhwc, depthwise_nhwc_kernel, bias_clamp, bias_clamp_kernel, gemm_kernel, pad_into,
  requantize) = ((NUMBA or NUMPY)[name] for name in NUMPY)

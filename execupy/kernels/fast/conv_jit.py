@@ -221,3 +221,136 @@ KERNELS = {"nchw": nchw, "split_columns": split_columns, "nhwc": nhwc, "nhwc_3x3
            "bias_clamp_flat": bias_clamp_flat,
            "pad_into": pad_into,
            "requantize_rows": requantize_rows}
+
+
+# ---------------------------------------------------------------- 3x3 depthwise, 16 channels a vector
+
+from llvmlite import ir  # noqa: E402
+from numba import types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from .vnni_jit import _V16F, LANES, _arrays, _fma, _splat, _vector_at  # noqa: E402
+
+
+def _load_floats(context, builder, x_t, x_arr, indices):
+    """16 consecutive elements of x from `indices` on, as float32 (int8 and uint8 data exactly)."""
+    dtype = x_t.dtype
+    if isinstance(dtype, types.Float):
+        return builder.load(_vector_at(context, builder, x_t, x_arr, indices), align=4)
+    at = cgutils.get_item_pointer(context, builder, x_t, x_arr, indices, wraparound=False)
+    raw = builder.load(builder.bitcast(at, ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1)
+    wide = (builder.sext if dtype.signed else builder.zext)(raw, ir.VectorType(ir.IntType(32), LANES))
+    return (builder.sitofp if dtype.signed else builder.uitofp)(wide, _V16F)
+
+
+def _depthwise_3x3(checked: bool):
+    """An intrinsic computing out[n, y, px_a:px_b, c0:c0 + 16] of a 3x3 depthwise conv (rows
+    r0, r0 + dh, r0 + 2 dh of x), nhwc_3x3's steps for 16 channels a vector, the nine filter
+    vectors held in registers along the run: the first tap's product, the others added in tap
+    order, + bias, clamped to [lo, hi] (select on compares: NaN stays NaN), stored. Float data
+    is multiplied then added, each rounded, as numpy does; int8 data (x - xz, exact in float32,
+    as are all its sums: the caller's check) is summed with fmas, the same exact values in half
+    the instructions. `checked`: a tap outside x reads the padded value (0, or xz for int8
+    data: 0 once shifted) from a clamped address; else every tap must lie inside x."""
+    @intrinsic
+    def run(typingctx, x, w, bias, xz, lo, hi, out, n, y, r0, px_a, px_b, sw, dh, dw, left, c0):
+        def codegen(context, builder, sig, args):
+            x_t, w_t, b_t = sig.args[:3]
+            out_t = sig.args[6]
+            x_arr, w_arr, b_arr, out_arr = _arrays(context, builder, sig, args, (0, 1, 2, 6))
+            xz_v, lo_v, hi_v = (_splat(builder, args[i], _V16F) for i in (3, 4, 5))
+            n, y, r0, px_a, px_b, sw, dh, dw, left, c0 = args[7:]
+            integer = not isinstance(x_t.dtype, types.Float)
+            intp = cgutils.intp_t
+            consts = [ir.Constant(intp, i) for i in range(3)]
+            zero_v = ir.Constant(_V16F, None)
+            h, width = (builder.extract_value(x_arr.shape, i) for i in (1, 2))
+            taps = [builder.load(_vector_at(context, builder, w_t, w_arr, [consts[i], consts[k], c0]), align=4)
+                    for i in range(3) for k in range(3)]
+            b_v = builder.load(_vector_at(context, builder, b_t, b_arr, [c0]), align=4)
+            rows = [builder.add(r0, builder.mul(dh, consts[i])) for i in range(3)]
+
+            def inside(index, size):  # 0 <= index < size, and index clamped into [0, size)
+                ok = builder.and_(builder.icmp_signed(">=", index, consts[0]), builder.icmp_signed("<", index, size))
+                low = builder.select(builder.icmp_signed("<", index, consts[0]), consts[0], index)
+                last = builder.sub(size, consts[1])
+                return ok, builder.select(builder.icmp_signed(">", low, last), last, low)
+
+            row_at = [inside(r, h) if checked else (None, r) for r in rows]
+            with cgutils.for_range_slice(builder, px_a, px_b, consts[1]) as (px, _):
+                col0 = builder.sub(builder.mul(px, sw), left)
+                col_at = [inside(builder.add(col0, builder.mul(dw, consts[k])), width) if checked
+                          else (None, builder.add(col0, builder.mul(dw, consts[k]))) for k in range(3)]
+                acc = None
+                for i in range(3):
+                    for k in range(3):
+                        v = _load_floats(context, builder, x_t, x_arr, [n, row_at[i][1], col_at[k][1], c0])
+                        if integer:
+                            v = builder.fsub(v, xz_v)
+                        if checked:
+                            v = builder.select(builder.and_(row_at[i][0], col_at[k][0]), v, zero_v)
+                        tap = taps[3 * i + k]
+                        if acc is None:
+                            acc = builder.fmul(v, tap)
+                        else:
+                            acc = _fma(builder, v, tap, acc) if integer else builder.fadd(acc, builder.fmul(v, tap))
+                acc = builder.fadd(acc, b_v)
+                acc = builder.select(builder.fcmp_ordered("<", acc, lo_v), lo_v, acc)
+                acc = builder.select(builder.fcmp_ordered(">", acc, hi_v), hi_v, acc)
+                builder.store(acc, _vector_at(context, builder, out_t, out_arr, [n, y, px, c0]), align=4)
+            return context.get_dummy_value()
+        return types.void(x, w, bias, xz, lo, hi, out, n, y, r0, px_a, px_b, sw, dh, dw, left, c0), codegen
+    return run
+
+
+_DEPTHWISE_INSIDE, _DEPTHWISE_CHECKED = _depthwise_3x3(False), _depthwise_3x3(True)
+
+
+@numba.njit(cache=True, inline="always")
+def _pixel_3x3(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, n, y, px, ch_lo, ch_hi):
+    """Channels ch_lo..ch_hi of one output pixel, nhwc_3x3's steps (a tap outside x reads `padded`)."""
+    h, width = x.shape[1], x.shape[2]
+    r0, c0 = y * sh - top, px * sw - left
+    o = out[n, y, px]
+    for ch in range(ch_lo, ch_hi):
+        acc = np.float32(0)
+        for i in range(3):
+            r = r0 + i * dh
+            for k in range(3):
+                c = c0 + k * dw
+                t = x[n, r, c, ch] if 0 <= r < h and 0 <= c < width else padded[ch]
+                product = (np.float32(t) - xz) * w[i, k, ch]
+                acc = product if i == 0 and k == 0 else acc + product
+        acc = acc + bias[ch]
+        acc = lo if acc < lo else acc
+        o[ch] = hi if acc > hi else acc
+
+
+@numba.njit(cache=True, error_model="numpy")
+def nhwc_3x3_vectors(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out):
+    """nhwc_3x3 with every channel's epilogue given (a -0.0 bias and infinite bounds change
+    nothing: x + -0.0 is x, -0.0 included), out float32 and x float32 without a zero point or
+    int8 data: 16 channels a vector (`_depthwise_3x3`; the border pixels reading the padded
+    value), the channels past a multiple of 16 one at a time; the same values as nhwc_3x3."""
+    n_, h, width, c = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    vectors = c - c % LANES
+    a = min(ow, -(-left // sw))  # the first output column whose three taps are inside x
+    b = max(a, min(ow, (width - 1 - 2 * dw + left) // sw + 1))  # past the last
+    for n in range(n_):
+        for y in range(oh):
+            r0 = y * sh - top
+            for c0 in range(0, vectors, LANES):
+                if r0 < 0 or r0 + 2 * dh >= h:
+                    _DEPTHWISE_CHECKED(x, w, bias, xz, lo, hi, out, n, y, r0, 0, ow, sw, dh, dw, left, c0)
+                else:
+                    _DEPTHWISE_CHECKED(x, w, bias, xz, lo, hi, out, n, y, r0, 0, a, sw, dh, dw, left, c0)
+                    _DEPTHWISE_INSIDE(x, w, bias, xz, lo, hi, out, n, y, r0, a, b, sw, dh, dw, left, c0)
+                    _DEPTHWISE_CHECKED(x, w, bias, xz, lo, hi, out, n, y, r0, b, ow, sw, dh, dw, left, c0)
+            if vectors < c:
+                for px in range(ow):
+                    _pixel_3x3(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, n, y, px, vectors, c)
+
+
+KERNELS["nhwc_3x3_vectors"] = nhwc_3x3_vectors

@@ -1,0 +1,166 @@
+"""A float32 GEMM with XNNPACK's epilogue in registers, for a CNN's 1x1 and im2col convolutions
+(imported only where numba is installed; conv.py holds the numpy reference and the layout).
+
+out[M, N] = clamp(bias + x[M, K] @ W[K, N], lo, hi). BLAS does the product well for large
+matrices, but a MobileNet's are tall and thin (6400 pixels x 8 inputs x 48 outputs): OpenBLAS
+packs both operands for a few hundred multiply-adds a row, and the bias and clamp are another
+pass over an output larger than L2. Here a tile of TILE_ROWS rows x 32 outputs is summed in
+twelve 16-lane registers (`llvm.fma`, rounded once per step as XNNPACK's vfmadd), started from
+the bias as XNNPACK's microkernels start, clamped and stored once: no packing of x, one write
+of the output.
+
+W is laid out once, at load, as panels [P, K, 16] (output columns 16p.. of every input k next
+to each other; the last panel padded with zero columns, the bias with zeros), so a step of a
+tile reads one 64-byte vector per panel and one float per row. The output's last panel may be
+partial: its store is masked. numba cannot express the registers; the tiles are written in
+LLVM IR, as vnni_jit's products are.
+
+The sums' order is XNNPACK's (bias first, then k = 0, 1, ...), not BLAS's: the two agree
+within float32 rounding, and exactly for integer-valued data whose sums float32 holds (the
+int8 convolutions' exact sums).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
+from .vnni_jit import _F32, _V16F, LANES, _arrays, _fma, _item, _splat, _vector_at, target_has
+
+# Without the instruction llvm.fma is a call to the C library's fmaf per lane: BLAS is faster there.
+FMA = target_has("fma")
+
+TILE_ROWS = 6  # rows per tile: 6 x 2 accumulators + 2 weight vectors + a broadcast fit the 32 registers
+TILE_PANELS = 2  # 16-column panels per tile
+_LANE_IDS = ir.Constant(ir.VectorType(ir.IntType(64), LANES), list(range(LANES)))
+
+
+def _masked_store(builder, value, at, remaining):
+    """Store the first `remaining` lanes of the 16-lane `value` at `at` (all of them from 16 on)."""
+    vector = value.type
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(), ir.IntType(32),
+                                                        ir.VectorType(ir.IntType(1), LANES)]),
+        f"llvm.masked.store.v{LANES}{'f32' if vector.element == _F32 else 'i8'}.p0v{LANES}"
+        f"{'f32' if vector.element == _F32 else 'i8'}")
+    mask = builder.icmp_signed("<", _LANE_IDS, _splat(builder, remaining, ir.VectorType(ir.IntType(64), LANES)))
+    builder.call(fn, [value, builder.bitcast(at, vector.as_pointer()), ir.Constant(ir.IntType(32), 1), mask])
+
+
+def _clamped(builder, v, lo, hi):
+    """v clamped to [lo, hi] lane by lane; a NaN stays NaN (both compares false), as np.clip keeps it."""
+    v = builder.select(builder.fcmp_ordered("<", v, lo), lo, v)
+    return builder.select(builder.fcmp_ordered(">", v, hi), hi, v)
+
+
+def _requantized(builder, sums, bias, scale, zero, lo, hi):
+    """conv_jit.requantize_rows' steps on 16 exact float32 sums: float32(sum + bias), * scale,
+    rounded half to even, + zero, clamped to [lo, hi] (every value a finite integer), as int8 bits."""
+    rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F]), "llvm.rint.v16f32")
+    v = builder.fadd(builder.call(rint, [builder.fmul(builder.fadd(sums, bias), scale)]), zero)
+    v = builder.select(builder.fcmp_ordered("<", v, lo), lo, v)  # max(v, lo), then min(., hi)
+    v = builder.select(builder.fcmp_ordered(">", v, hi), hi, v)
+    return builder.trunc(builder.fptosi(v, ir.VectorType(ir.IntType(32), LANES)), ir.VectorType(ir.IntType(8), LANES))
+
+
+def _tile(rows: int, panels: int, requantize: bool):
+    """An intrinsic computing out[r0:r0 + rows, 16 p0: 16 (p0 + panels)]: clamp(bias + x @ W) in
+    float32, or with `requantize` the exact sums from 0 requantized into int8 (see the module docstring)."""
+    @intrinsic
+    def tile(typingctx, x, w, bias, scale, zero, lo, hi, out, r0, p0):
+        def codegen(context, builder, sig, args):
+            x_t, w_t, b_t, s_t = sig.args[:4]
+            out_t = sig.args[7]
+            x_arr, w_arr, b_arr, s_arr, out_arr = _arrays(context, builder, sig, args, (0, 1, 2, 3, 7))
+            zero_v, lo_v, hi_v = (_splat(builder, args[i], _V16F) for i in (4, 5, 6))
+            r0, p0 = args[8], args[9]
+            intp = cgutils.intp_t
+            row_ids = [builder.add(r0, ir.Constant(intp, m)) for m in range(rows)]
+            panel_ids = [builder.add(p0, ir.Constant(intp, g)) for g in range(panels)]
+            col0 = [builder.mul(p, ir.Constant(intp, LANES)) for p in panel_ids]
+            biases = [builder.load(_vector_at(context, builder, b_t, b_arr, [c]), align=4) for c in col0]
+            starts = [ir.Constant(_V16F, None) for _ in col0] if requantize else biases
+            accs = [[cgutils.alloca_once_value(builder, v) for v in starts] for _ in row_ids]
+            first = ir.Constant(intp, 0)
+            with cgutils.for_range(builder, builder.extract_value(x_arr.shape, 1)) as loop:
+                k = loop.index
+                ws = [builder.load(_vector_at(context, builder, w_t, w_arr, [p, k, first]), align=4)
+                      for p in panel_ids]
+                for m, row in enumerate(row_ids):
+                    xv = _splat(builder, _item(context, builder, x_t, x_arr, [row, k]), _V16F)
+                    for g in range(panels):
+                        builder.store(_fma(builder, xv, ws[g], builder.load(accs[m][g])), accs[m][g])
+            n = builder.extract_value(out_arr.shape, 1)
+            scales = [builder.load(_vector_at(context, builder, s_t, s_arr, [c]), align=4) for c in col0] \
+                if requantize else None
+            for m, row in enumerate(row_ids):
+                for g in range(panels):
+                    v = builder.load(accs[m][g])
+                    v = _requantized(builder, v, biases[g], scales[g], zero_v, lo_v, hi_v) if requantize \
+                        else _clamped(builder, v, lo_v, hi_v)
+                    at = cgutils.get_item_pointer(context, builder, out_t, out_arr, [row, col0[g]], wraparound=False)
+                    _masked_store(builder, v, at, builder.sub(n, col0[g]))
+            return context.get_dummy_value()
+        return types.void(x, w, bias, scale, zero, lo, hi, out, r0, p0), codegen
+    return tile
+
+
+def panels(w: np.ndarray) -> np.ndarray:
+    """W [K, N] as the tiles read it: [P, K, 16], panel p holding columns 16p.., zeros past N."""
+    k, n = w.shape
+    count = -(-n // LANES)
+    padded = np.zeros((k, count * LANES), np.float32)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, count, LANES).transpose(1, 0, 2))
+
+
+# The four tile shapes of each kind: TILE_ROWS x TILE_PANELS, TILE_ROWS x 1, 1 x TILE_PANELS, 1 x 1
+# (module-level names: numba's disk cache does not match a kernel calling a closure's dispatcher).
+_F_FULL_PAIR, _F_FULL_ONE, _F_ROW_PAIR, _F_ROW_ONE = (_tile(r, p, False) for r in (TILE_ROWS, 1) for p in (TILE_PANELS, 1))
+_Q_FULL_PAIR, _Q_FULL_ONE, _Q_ROW_PAIR, _Q_ROW_ONE = (_tile(r, p, True) for r in (TILE_ROWS, 1) for p in (TILE_PANELS, 1))
+
+
+@numba.njit(cache=True)
+def gemm_bias_clamp(x, w, bias, lo, hi, out):
+    """out float32 [M, N] = clamp(bias + x [M, K] @ W, lo, hi): w float32 [P, K, 16] W's panels,
+    bias float32 [P * 16] (zero past N), lo/hi float32 (-inf/inf: no bound); x float32. All
+    C-ordered. Tiles of TILE_ROWS rows, then the rows left one at a time."""
+    m, p_ = x.shape[0], w.shape[0]
+    pairs, full, zero = p_ - p_ % TILE_PANELS, m - m % TILE_ROWS, np.float32(0)
+    for r in range(0, full, TILE_ROWS):
+        for p in range(0, pairs, TILE_PANELS):
+            _F_FULL_PAIR(x, w, bias, bias, zero, lo, hi, out, r, p)
+        if pairs < p_:
+            _F_FULL_ONE(x, w, bias, bias, zero, lo, hi, out, r, pairs)
+    for r in range(full, m):
+        for p in range(0, pairs, TILE_PANELS):
+            _F_ROW_PAIR(x, w, bias, bias, zero, lo, hi, out, r, p)
+        if pairs < p_:
+            _F_ROW_ONE(x, w, bias, bias, zero, lo, hi, out, r, pairs)
+
+
+@numba.njit(cache=True)
+def gemm_requantize(x, w, bias, scale, zero, lo, hi, out):
+    """out int8/uint8 [M, N] = requantized(x @ W + bias) as conv_jit.requantize_rows computes it
+    from float32 sums, every sum of x @ W an integer float32 holds (the caller's check): w, bias
+    as gemm_bias_clamp's; scale float32 [P * 16]; zero, lo, hi float32."""
+    m, p_ = x.shape[0], w.shape[0]
+    pairs, full = p_ - p_ % TILE_PANELS, m - m % TILE_ROWS
+    for r in range(0, full, TILE_ROWS):
+        for p in range(0, pairs, TILE_PANELS):
+            _Q_FULL_PAIR(x, w, bias, scale, zero, lo, hi, out, r, p)
+        if pairs < p_:
+            _Q_FULL_ONE(x, w, bias, scale, zero, lo, hi, out, r, pairs)
+    for r in range(full, m):
+        for p in range(0, pairs, TILE_PANELS):
+            _Q_ROW_PAIR(x, w, bias, scale, zero, lo, hi, out, r, p)
+        if pairs < p_:
+            _Q_ROW_ONE(x, w, bias, scale, zero, lo, hi, out, r, pairs)
+
+
+# Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats).
+KERNELS = {"gemm_bias_clamp": gemm_bias_clamp, "gemm_requantize": gemm_requantize}
