@@ -218,6 +218,32 @@ def test_gemm_kernel_of_an_int8_conv_equals_numpy_bit_for_bit(m, k, n, storage, 
     assert ours.min() >= lo and ours.max() <= hi and len(np.unique(ours)) > min(20, m * n // 4)
 
 
+@pytest.mark.parametrize("size, channels, k, stride, dilation", [(12, 3, 3, 2, 1), (9, 8, 3, 1, 2), (7, 5, 2, 1, 1)])
+@pytest.mark.parametrize("requantize", [False, True])
+def test_windows_kernel_reads_a_convs_windows_in_place(size, channels, k, stride, dilation, requantize):
+    """An im2col convolution without the im2col: rows gathered from the padded input by offsets.
+    The same as the numpy gather (bit for bit on int8 data), and the convolution itself."""
+    rng = np.random.default_rng(size * channels)
+    xp = rng.integers(-20, 20, (2, size, size, channels)).astype(np.float32)
+    w = rng.integers(-9, 10, (k * k * channels, 16 + channels)).astype(np.float32)  # rows in (KH, KW, Cin) order
+    o = _out_size(size, k, stride, dilation, 0)
+    sn, sh = size * size * channels, size * channels
+    bases = (np.arange(2)[:, None, None] * sn + np.arange(o)[None, :, None] * stride * sh
+             + np.arange(o)[None, None, :] * stride * channels).reshape(-1).astype(np.int64)
+    offsets = (np.arange(k)[:, None, None] * dilation * sh + np.arange(k)[None, :, None] * dilation * channels
+               + np.arange(channels)[None, None, :]).reshape(-1).astype(np.int64)
+    n = w.shape[1]
+    args = (np.zeros(n, np.float32), -128, 127, ((rng.random(n) * 0.01).astype(np.float32), 3, np.int8)) if requantize \
+        else (None, -np.inf, np.inf)
+    ours = FC.NUMBA["windows_kernel"](w, *args)(xp, bases, offsets)
+    np.testing.assert_array_equal(ours, FC.NUMPY["windows_kernel"](w, *args)(xp, bases, offsets))
+    if not requantize:
+        exact = sum(xp[:, i * dilation: i * dilation + (o - 1) * stride + 1: stride,
+                       j * dilation: j * dilation + (o - 1) * stride + 1: stride] @ w.reshape(k, k, channels, n)[i, j]
+                    for i in range(k) for j in range(k))
+        np.testing.assert_array_equal(ours.reshape(2, o, o, n), exact)
+
+
 def test_a_bias_float32_cannot_hold_must_stay_float64():
     """float32 sums + a float32 bias is the float64 sum rounded once (the same bits) as long as the
     bias is a float32 value; 2**24 + 1 is not, and rounding it first changes the result."""
@@ -292,6 +318,10 @@ from execupy.kernels.fast import conv as FC, gemm_jit as K
 w = np.ones((3, 20), np.float32)
 FC.NUMBA["gemm_kernel"](w, None, 0.0, 6.0)(np.ones((7, 3), np.float32))
 FC.NUMBA["gemm_kernel"](w, np.zeros(20, np.float32), -128, 127, (np.ones(20, np.float32), 0, np.int8))(np.ones((7, 3), np.uint8))
+bases, offsets = np.arange(7, dtype=np.int64), np.arange(3, dtype=np.int64)
+FC.NUMBA["windows_kernel"](w, None, 0.0, 6.0)(np.ones(10, np.float32), bases, offsets)
+FC.NUMBA["windows_kernel"](w, np.zeros(20, np.float32), -128, 127, (np.ones(20, np.float32), 0, np.int8))(
+    np.ones(10, np.float32), bases, offsets)
 """
 
 
@@ -311,6 +341,6 @@ def test_a_second_process_finds_the_gemm_kernels_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(GEMM_CACHE_PROBE, tmp_path)
-    assert set(first) == {"gemm_bias_clamp", "gemm_requantize"}
+    assert set(first) == {"gemm_bias_clamp", "gemm_requantize", "windows_bias_clamp", "windows_requantize"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

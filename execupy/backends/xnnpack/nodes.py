@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ...errors import InvalidInputError, MalformedProgramError, UnsupportedOperatorError
 from ...kernels.cores import CallSite
@@ -729,27 +728,36 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
 
         return pointwise
 
+    windows = FC.windows_kernel(wt, r.bias, r.lo, r.hi, (r.scale, r.zero_point, r.storage)) if requantized \
+        else FC.windows_kernel(wt, *(epilogue or (None, -np.inf, np.inf)))
+    offsets_of: dict = {}  # padded input shape -> (each output pixel's window start, each window input's offset)
+
+    def window_offsets(shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """Element offsets into the C-ordered padded input: rows in (N, OH, OW) order, window
+        inputs in the filter rows' (KH, KW, Cin) order."""
+        if shape not in offsets_of:
+            n, h, width, c = shape
+            oh = conv_output_size(h, kh, stride[0], 0, dilation[0])
+            ow = conv_output_size(width, kw, stride[1], 0, dilation[1])
+            sn, sh, sw = h * width * c, width * c, c
+            bases = (np.arange(n)[:, None, None] * sn + np.arange(oh)[None, :, None] * (stride[0] * sh)
+                     + np.arange(ow)[None, None, :] * (stride[1] * sw)).reshape(-1)
+            offsets = (np.arange(kh)[:, None, None] * (dilation[0] * sh) + np.arange(kw)[None, :, None] * (dilation[1] * sw)
+                       + np.arange(c)[None, None, :]).reshape(-1)
+            offsets_of[shape] = (bases.astype(np.int64), offsets.astype(np.int64), (n, oh, ow))
+        return offsets_of[shape]
+
     def dense(x: np.ndarray) -> np.ndarray:
-        """im2col on the NHWC input (one copy: each output pixel's window, row by row)."""
+        """The product of each output pixel's window of the NHWC input, read in place (conv.windows_kernel)."""
         n, h, width, c = x.shape
         if padded:  # x - x_zero inside a zero border
             (top, bottom), (left, right) = pads
             xp = FC.pad_into(x, x_zero, top, left, np.zeros((n, h + top + bottom, width + left + right, c), dtype))
         else:
-            xp = x.astype(dtype, copy=False)
+            xp = np.ascontiguousarray(x, dtype)
             xp = xp - zero if x_zero else xp
-        n, h, width, c = xp.shape
-        oh = conv_output_size(h, kh, stride[0], 0, dilation[0])
-        ow = conv_output_size(width, kw, stride[1], 0, dilation[1])
-        sn, sh, sw, sc = xp.strides
-        if dilation[1] == 1 and sw == c * sc:  # a window row is one run of kw * c values
-            windows = as_strided(xp, (n, oh, ow, kh, kw * c), (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sc),
-                                 writeable=False)
-        else:
-            windows = as_strided(xp, (n, oh, ow, kh, kw, c),
-                                 (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc),
-                                 writeable=False)
-        return product(windows.reshape(n * oh * ow, kh * kw * c)).reshape(n, oh, ow, cout)
+        bases, offsets, out_shape = window_offsets(xp.shape)
+        return windows(xp, bases, offsets).reshape(*out_shape, cout)
 
     return dense
 

@@ -39,6 +39,10 @@ holds (the caller's check). numpy's is BLAS's matmul then the epilogue; the comp
 (gemm_jit) sums a tile of outputs in registers and finishes it there, one pass: the two agree
 within float32 rounding, and bit for bit for the int8 convolution (exact sums, the same
 requantization steps).
+`windows_kernel(w, bias, lo, hi, requantized=None)` is the same product for a convolution's
+windows read in place (an implicit im2col): (x, bases, offsets) -> rows r of
+x.flat[bases[r] + offsets[k]] times w, x float32 C-ordered (the padded input), bases and offsets
+int64 element offsets.
 `pad_into(x, x_zero, top, left, xp)` writes x - x_zero inside a zero border already in xp:
 numpy's copy from a transposed NCHW input (a CNN's first layer) runs ~5x slower.
 
@@ -130,6 +134,13 @@ def _gemm_kernel_numpy(w: np.ndarray, bias: Optional[np.ndarray], lo: float, hi:
     return product
 
 
+def _windows_kernel_numpy(w: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float,
+                          requantized: Optional[tuple] = None) -> Callable[..., np.ndarray]:
+    """windows_kernel: (x, bases, offsets) -> the gemm_kernel product of the gathered windows."""
+    product = _gemm_kernel_numpy(w, bias, lo, hi, requantized)
+    return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
+
+
 def _pad_into_numpy(x: np.ndarray, x_zero: int, top: int, left: int, xp: np.ndarray) -> np.ndarray:
     """xp[:, top:top + H, left:left + W] = x - x_zero, in xp's dtype (the rest of xp is left as it is)."""
     inner = xp[:, top:top + x.shape[1], left:left + x.shape[2]]
@@ -158,7 +169,8 @@ def _depthwise_nhwc_kernel_numpy(w: np.ndarray, stride: tuple[int, int], dilatio
 NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwise_nhwc": _depthwise_nhwc_numpy,
                               "depthwise_nhwc_kernel": _depthwise_nhwc_kernel_numpy, "bias_clamp": _bias_clamp_numpy,
                               "bias_clamp_kernel": _bias_clamp_kernel_numpy, "gemm_kernel": _gemm_kernel_numpy,
-                              "pad_into": _pad_into_numpy, "requantize": _requantize_numpy}
+                              "windows_kernel": _windows_kernel_numpy, "pad_into": _pad_into_numpy,
+                              "requantize": _requantize_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
@@ -269,46 +281,70 @@ def _compile() -> Optional[dict[str, Callable]]:
     def bias_clamp(y, bias, lo, hi):
         return bias_clamp_kernel(bias, lo, hi)(y)
 
-    def gemm_kernel(w, bias, lo, hi, requantized=None):
+    def _tiles(w, bias, lo, hi, requantized):
+        """(the tiles' arguments after x, out's dtype, whether the tiles apply) for gemm_jit."""
         from . import gemm_jit as G
 
-        k, n = w.shape
+        if not G.FMA or w.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
+            return None  # float64 sums (int8 data float32 cannot sum exactly), or a float64 bias
+        n = w.shape[1]
+        w_panels = G.panels(w)
 
-        def blas(rows):  # BLAS's product, the epilogue compiled
+        def padded(v):
+            return np.pad(np.asarray(v, np.float32), (0, w_panels.shape[0] * G.LANES - n))
+
+        bias_p, f32 = padded(np.zeros(n) if bias is None else bias), np.float32
+        if requantized is None:
+            return (w_panels, bias_p, f32(lo), f32(hi)), np.float32
+        scale, zero_point, storage = requantized
+        return (w_panels, bias_p, padded(np.broadcast_to(scale, (n,))), f32(zero_point), f32(lo), f32(hi)), storage
+
+    def _blas(w, bias, lo, hi, requantized):
+        def product(rows):  # BLAS's product, the epilogue compiled
             acc = np.matmul(rows.astype(w.dtype, copy=False), w)
             if requantized is None:
                 return bias_clamp(acc, bias, lo, hi)
             scale, zero_point, storage = requantized
             return requantize(acc, bias, scale, zero_point, lo, hi, np.empty(acc.shape, storage))
 
-        if not G.FMA or w.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
-            return blas  # float64 sums (int8 data float32 cannot sum exactly), or a float64 bias
-        w_panels = G.panels(w)
+        return product
 
-        def padded(v):
-            return np.pad(np.asarray(v, np.float32), (0, w_panels.shape[0] * G.LANES - n))
+    def gemm_kernel(w, bias, lo, hi, requantized=None):
+        from . import gemm_jit as G
 
-        bias_p = padded(np.zeros(n) if bias is None else bias)
-        f32 = np.float32
-        if requantized is None:
-            run = lambda rows, out: G.gemm_bias_clamp(rows, w_panels, bias_p, f32(lo), f32(hi), out)  # noqa: E731
-            storage = np.float32
-        else:
-            scale, zero_point, storage = requantized
-            scale_p = padded(np.broadcast_to(scale, (n,)))
-            run = lambda rows, out: G.gemm_requantize(rows, w_panels, bias_p, scale_p, f32(zero_point),  # noqa: E731
-                                                      f32(lo), f32(hi), out)
+        blas, tiles = _blas(w, bias, lo, hi, requantized), _tiles(w, bias, lo, hi, requantized)
+        if tiles is None:
+            return blas
+        args, storage = tiles
+        run = G.gemm_bias_clamp if requantized is None else G.gemm_requantize
 
         def product(rows):
             if rows.shape[0] < G.TILE_ROWS:  # a mat-vec: BLAS's reads w as fast
                 return blas(rows)
-            out = np.empty((rows.shape[0], n), storage)
+            out = np.empty((rows.shape[0], w.shape[1]), storage)
             # int8 data as float32 first: one vectorised pass, where converting in the tiles cost
             # three instructions a row and input
-            run(np.ascontiguousarray(rows, np.float32), out)
+            run(np.ascontiguousarray(rows, np.float32), *args, out)
             return out
 
         return product
+
+    def windows_kernel(w, bias, lo, hi, requantized=None):
+        from . import gemm_jit as G
+
+        tiles = _tiles(w, bias, lo, hi, requantized)
+        if tiles is None:
+            product = _blas(w, bias, lo, hi, requantized)
+            return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
+        args, storage = tiles
+        run = G.windows_bias_clamp if requantized is None else G.windows_requantize
+
+        def windows(x, bases, offsets):
+            out = np.empty((bases.shape[0], w.shape[1]), storage)
+            run(x.reshape(-1), bases, offsets, *args, out)
+            return out
+
+        return windows
 
     def pad_into(x, x_zero, top, left, xp):
         s = x.strides
@@ -317,11 +353,11 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc,
             "depthwise_nhwc_kernel": depthwise_nhwc_kernel, "bias_clamp": bias_clamp,
-            "bias_clamp_kernel": bias_clamp_kernel, "gemm_kernel": gemm_kernel, "pad_into": pad_into,
-            "requantize": requantize}
+            "bias_clamp_kernel": bias_clamp_kernel, "gemm_kernel": gemm_kernel, "windows_kernel": windows_kernel,
+            "pad_into": pad_into, "requantize": requantize}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if numba_enabled() else None
 BACKEND = "numba" if NUMBA is not None else "numpy"
-(depthwise_nchw, depthwise_nhwc, depthwise_nhwc_kernel, bias_clamp, bias_clamp_kernel, gemm_kernel, pad_into,
- requantize) = ((NUMBA or NUMPY)[name] for name in NUMPY)
+(depthwise_nchw, depthwise_nhwc, depthwise_nhwc_kernel, bias_clamp, bias_clamp_kernel, gemm_kernel, windows_kernel,
+ pad_into, requantize) = ((NUMBA or NUMPY)[name] for name in NUMPY)
