@@ -282,7 +282,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         return bias_clamp_kernel(bias, lo, hi)(y)
 
     def _tiles(w, bias, lo, hi, requantized):
-        """(the tiles' arguments after x, out's dtype, whether the tiles apply) for gemm_jit."""
+        """windows_product's arguments after x, bases and offsets, and out's dtype; None where
+        the tiles do not apply."""
         from . import gemm_jit as G
 
         if not G.FMA or w.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
@@ -295,9 +296,9 @@ def _compile() -> Optional[dict[str, Callable]]:
 
         bias_p, f32 = padded(np.zeros(n) if bias is None else bias), np.float32
         if requantized is None:
-            return (w_panels, bias_p, f32(lo), f32(hi)), np.float32
+            return (w_panels, bias_p, bias_p, f32(0), f32(lo), f32(hi), False), np.float32
         scale, zero_point, storage = requantized
-        return (w_panels, bias_p, padded(np.broadcast_to(scale, (n,))), f32(zero_point), f32(lo), f32(hi)), storage
+        return (w_panels, bias_p, padded(np.broadcast_to(scale, (n,))), f32(zero_point), f32(lo), f32(hi), True), storage
 
     def _blas(w, bias, lo, hi, requantized):
         def product(rows):  # BLAS's product, the epilogue compiled
@@ -309,26 +310,6 @@ def _compile() -> Optional[dict[str, Callable]]:
 
         return product
 
-    def gemm_kernel(w, bias, lo, hi, requantized=None):
-        from . import gemm_jit as G
-
-        blas, tiles = _blas(w, bias, lo, hi, requantized), _tiles(w, bias, lo, hi, requantized)
-        if tiles is None:
-            return blas
-        args, storage = tiles
-        run = G.gemm_bias_clamp if requantized is None else G.gemm_requantize
-
-        def product(rows):
-            if rows.shape[0] < G.TILE_ROWS:  # a mat-vec: BLAS's reads w as fast
-                return blas(rows)
-            out = np.empty((rows.shape[0], w.shape[1]), storage)
-            # int8 data as float32 first: one vectorised pass, where converting in the tiles cost
-            # three instructions a row and input
-            run(np.ascontiguousarray(rows, np.float32), *args, out)
-            return out
-
-        return product
-
     def windows_kernel(w, bias, lo, hi, requantized=None):
         from . import gemm_jit as G
 
@@ -337,14 +318,34 @@ def _compile() -> Optional[dict[str, Callable]]:
             product = _blas(w, bias, lo, hi, requantized)
             return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
         args, storage = tiles
-        run = G.windows_bias_clamp if requantized is None else G.windows_requantize
 
         def windows(x, bases, offsets):
             out = np.empty((bases.shape[0], w.shape[1]), storage)
-            run(x.reshape(-1), bases, offsets, *args, out)
+            G.windows_product(x.reshape(-1), bases, offsets, *args, out)
             return out
 
         return windows
+
+    def gemm_kernel(w, bias, lo, hi, requantized=None):
+        from . import gemm_jit as G
+
+        blas, windows = _blas(w, bias, lo, hi, requantized), windows_kernel(w, bias, lo, hi, requantized)
+        if _tiles(w, bias, lo, hi, requantized) is None:
+            return blas
+        k = w.shape[0]
+        offsets, bases_of = np.arange(k, dtype=np.int64), {}  # a row's inputs; rows -> each row's start
+
+        def product(rows):
+            m = rows.shape[0]
+            if m < G.TILE_ROWS:  # a mat-vec: BLAS's reads w as fast
+                return blas(rows)
+            if m not in bases_of:
+                bases_of[m] = np.arange(0, m * k, k, dtype=np.int64)
+            # int8 data as float32 first: one vectorised pass, where converting in the tiles cost
+            # three instructions a row and input
+            return windows(np.ascontiguousarray(rows, np.float32), bases_of[m], offsets)
+
+        return product
 
     def pad_into(x, x_zero, top, left, xp):
         s = x.strides

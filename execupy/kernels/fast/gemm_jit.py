@@ -11,7 +11,9 @@ of the output.
 
 W is laid out once, at load, as panels [P, K, 16] (output columns 16p.. of every input k next
 to each other; the last panel padded with zero columns, the bias with zeros), so a step of a
-tile reads one 64-byte vector per panel and one float per row. The output's last panel may be
+tile reads one 64-byte vector per panel and one float per row. A row's inputs are read by
+offsets (row r, input k: x[bases[r] + offsets[k]]): a matrix's rows, or a convolution's
+windows straight from its padded input, with no im2col copy. The output's last panel may be
 partial: its store is masked. numba cannot express the registers; the tiles are written in
 LLVM IR, as vnni_jit's products are.
 
@@ -67,11 +69,10 @@ def _requantized(builder, sums, bias, scale, zero, lo, hi):
     return builder.trunc(builder.fptosi(v, ir.VectorType(ir.IntType(32), LANES)), ir.VectorType(ir.IntType(8), LANES))
 
 
-def _tile(rows: int, panels: int, requantize: bool, gather: bool):
-    """An intrinsic computing out[r0:r0 + rows, 16 p0: 16 (p0 + panels)]: clamp(bias + x @ W) in
+def _tile(rows: int, panels: int, requantize: bool):
+    """An intrinsic computing out[r0:r0 + rows, 16 p0: 16 (p0 + panels)]: clamp(bias + X @ W) in
     float32, or with `requantize` the exact sums from 0 requantized into int8 (see the module
-    docstring). With `gather` x is flat and row r's input k is x[bases[r] + offsets[k]] (a
-    convolution's windows read in place: an implicit im2col); else x is [M, K]."""
+    docstring). Row r of X, input k: x[bases[r] + offsets[k]], x flat."""
     @intrinsic
     def tile(typingctx, x, bases, offsets, w, bias, scale, zero, lo, hi, out, r0, p0):
         def codegen(context, builder, sig, args):
@@ -89,19 +90,14 @@ def _tile(rows: int, panels: int, requantize: bool, gather: bool):
             starts = [ir.Constant(_V16F, None) for _ in col0] if requantize else biases
             accs = [[cgutils.alloca_once_value(builder, v) for v in starts] for _ in row_ids]
             first = ir.Constant(intp, 0)
-            if gather:
-                row_bases = [_item(context, builder, base_t, base_arr, [row]) for row in row_ids]
-                depth = builder.extract_value(off_arr.shape, 0)
-            else:
-                depth = builder.extract_value(x_arr.shape, 1)
-            with cgutils.for_range(builder, depth) as loop:
+            row_bases = [_item(context, builder, base_t, base_arr, [row]) for row in row_ids]
+            with cgutils.for_range(builder, builder.extract_value(off_arr.shape, 0)) as loop:
                 k = loop.index
                 ws = [builder.load(_vector_at(context, builder, w_t, w_arr, [p, k, first]), align=4)
                       for p in panel_ids]
-                offset = _item(context, builder, off_t, off_arr, [k]) if gather else None
+                offset = _item(context, builder, off_t, off_arr, [k])
                 for m, row in enumerate(row_ids):
-                    at = [builder.add(row_bases[m], offset)] if gather else [row, k]
-                    xv = _splat(builder, _item(context, builder, x_t, x_arr, at), _V16F)
+                    xv = _splat(builder, _item(context, builder, x_t, x_arr, [builder.add(row_bases[m], offset)]), _V16F)
                     for g in range(panels):
                         builder.store(_fma(builder, xv, ws[g], builder.load(accs[m][g])), accs[m][g])
             n = builder.extract_value(out_arr.shape, 1)
@@ -130,90 +126,44 @@ def panels(w: np.ndarray) -> np.ndarray:
 
 # The four tile shapes of each kind: TILE_ROWS x TILE_PANELS, TILE_ROWS x 1, 1 x TILE_PANELS, 1 x 1
 # (module-level names: numba's disk cache does not match a kernel calling a closure's dispatcher).
-_F = tuple(_tile(r, p, False, False) for r in (TILE_ROWS, 1) for p in (TILE_PANELS, 1))
-_Q = tuple(_tile(r, p, True, False) for r in (TILE_ROWS, 1) for p in (TILE_PANELS, 1))
-_FG = tuple(_tile(r, p, False, True) for r in (TILE_ROWS, 1) for p in (TILE_PANELS, 1))
-_QG = tuple(_tile(r, p, True, True) for r in (TILE_ROWS, 1) for p in (TILE_PANELS, 1))
-_F_FULL_PAIR, _F_FULL_ONE, _F_ROW_PAIR, _F_ROW_ONE = _F
-_Q_FULL_PAIR, _Q_FULL_ONE, _Q_ROW_PAIR, _Q_ROW_ONE = _Q
-_FG_FULL_PAIR, _FG_FULL_ONE, _FG_ROW_PAIR, _FG_ROW_ONE = _FG
-_QG_FULL_PAIR, _QG_FULL_ONE, _QG_ROW_PAIR, _QG_ROW_ONE = _QG
-_NONE = np.zeros(1, np.int64)  # bases and offsets where x is [M, K]
+_F_FULL_PAIR, _F_FULL_ONE, _F_ROW_PAIR, _F_ROW_ONE = (_tile(r, p, False) for r in (TILE_ROWS, 1)
+                                                      for p in (TILE_PANELS, 1))
+_Q_FULL_PAIR, _Q_FULL_ONE, _Q_ROW_PAIR, _Q_ROW_ONE = (_tile(r, p, True) for r in (TILE_ROWS, 1)
+                                                      for p in (TILE_PANELS, 1))
 
 
 @numba.njit(cache=True)
-def gemm_bias_clamp(x, w, bias, lo, hi, out):
-    """out float32 [M, N] = clamp(bias + x [M, K] @ W, lo, hi): w float32 [P, K, 16] W's panels,
-    bias float32 [P * 16] (zero past N), lo/hi float32 (-inf/inf: no bound); x float32. All
-    C-ordered. Tiles of TILE_ROWS rows, then the rows left one at a time."""
-    m, p_ = x.shape[0], w.shape[0]
-    pairs, full, zero, no = p_ - p_ % TILE_PANELS, m - m % TILE_ROWS, np.float32(0), _NONE
-    for r in range(0, full, TILE_ROWS):
-        for p in range(0, pairs, TILE_PANELS):
-            _F_FULL_PAIR(x, no, no, w, bias, bias, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _F_FULL_ONE(x, no, no, w, bias, bias, zero, lo, hi, out, r, pairs)
-    for r in range(full, m):
-        for p in range(0, pairs, TILE_PANELS):
-            _F_ROW_PAIR(x, no, no, w, bias, bias, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _F_ROW_ONE(x, no, no, w, bias, bias, zero, lo, hi, out, r, pairs)
-
-
-@numba.njit(cache=True)
-def gemm_requantize(x, w, bias, scale, zero, lo, hi, out):
-    """out int8/uint8 [M, N] = requantized(x @ W + bias) as conv_jit.requantize_rows computes it
-    from float32 sums, every sum of x @ W an integer float32 holds (the caller's check): w, bias
-    as gemm_bias_clamp's; scale float32 [P * 16]; zero, lo, hi float32."""
-    m, p_ = x.shape[0], w.shape[0]
-    pairs, full, no = p_ - p_ % TILE_PANELS, m - m % TILE_ROWS, _NONE
-    for r in range(0, full, TILE_ROWS):
-        for p in range(0, pairs, TILE_PANELS):
-            _Q_FULL_PAIR(x, no, no, w, bias, scale, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _Q_FULL_ONE(x, no, no, w, bias, scale, zero, lo, hi, out, r, pairs)
-    for r in range(full, m):
-        for p in range(0, pairs, TILE_PANELS):
-            _Q_ROW_PAIR(x, no, no, w, bias, scale, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _Q_ROW_ONE(x, no, no, w, bias, scale, zero, lo, hi, out, r, pairs)
-
-
-@numba.njit(cache=True)
-def windows_bias_clamp(x, bases, offsets, w, bias, lo, hi, out):
-    """gemm_bias_clamp on a convolution's windows read in place: row r's input k is
-    x[bases[r] + offsets[k]], x flat float32 (the padded input), bases and offsets int64."""
-    m, p_ = bases.shape[0], w.shape[0]
-    pairs, full, zero = p_ - p_ % TILE_PANELS, m - m % TILE_ROWS, np.float32(0)
-    for r in range(0, full, TILE_ROWS):
-        for p in range(0, pairs, TILE_PANELS):
-            _FG_FULL_PAIR(x, bases, offsets, w, bias, bias, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _FG_FULL_ONE(x, bases, offsets, w, bias, bias, zero, lo, hi, out, r, pairs)
-    for r in range(full, m):
-        for p in range(0, pairs, TILE_PANELS):
-            _FG_ROW_PAIR(x, bases, offsets, w, bias, bias, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _FG_ROW_ONE(x, bases, offsets, w, bias, bias, zero, lo, hi, out, r, pairs)
-
-
-@numba.njit(cache=True)
-def windows_requantize(x, bases, offsets, w, bias, scale, zero, lo, hi, out):
-    """gemm_requantize on a convolution's windows read in place (windows_bias_clamp's x, bases, offsets)."""
+def windows_product(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out):
+    """out [M, N] = clamp(bias + X @ W, lo, hi) in float32, or with `requantize` (out int8/uint8)
+    X @ W + bias requantized as conv_jit.requantize_rows computes it from float32 sums (every sum
+    of X @ W an integer float32 holds: the caller's check). Row r of X, input k: x[bases[r] +
+    offsets[k]], x flat float32 (a [M, K] matrix's rows, or a padded input's conv windows);
+    w float32 [P, K, 16] W's panels; bias and scale float32 [P * 16] (zero past N); zero, lo, hi
+    float32 (-inf/inf: no bound). Tiles of TILE_ROWS rows, then the rows left one at a time.
+    (Both kinds of tile are compiled for the given `out`; only the one `requantize` names runs.)"""
     m, p_ = bases.shape[0], w.shape[0]
     pairs, full = p_ - p_ % TILE_PANELS, m - m % TILE_ROWS
     for r in range(0, full, TILE_ROWS):
         for p in range(0, pairs, TILE_PANELS):
-            _QG_FULL_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _QG_FULL_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
+            if requantize:
+                _Q_FULL_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+            else:
+                _F_FULL_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+        if pairs < p_ and requantize:
+            _Q_FULL_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
+        elif pairs < p_:
+            _F_FULL_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
     for r in range(full, m):
         for p in range(0, pairs, TILE_PANELS):
-            _QG_ROW_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
-        if pairs < p_:
-            _QG_ROW_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
+            if requantize:
+                _Q_ROW_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+            else:
+                _F_ROW_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+        if pairs < p_ and requantize:
+            _Q_ROW_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
+        elif pairs < p_:
+            _F_ROW_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
 
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats).
-KERNELS = {"gemm_bias_clamp": gemm_bias_clamp, "gemm_requantize": gemm_requantize,
-           "windows_bias_clamp": windows_bias_clamp, "windows_requantize": windows_requantize}
+KERNELS = {"windows_product": windows_product}
