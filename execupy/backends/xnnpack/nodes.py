@@ -713,12 +713,11 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
     wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, cout).astype(dtype))
     zero = dtype(x_zero)
     padded = any(p for pair in pads for p in pair)
-    if requantized is not None:
-        r = requantized
-        product = FC.gemm_kernel(wt, r.bias, r.lo, r.hi, (r.scale, r.zero_point, r.storage))
-    else:
-        product = FC.gemm_kernel(wt, *(epilogue or (None, -np.inf, np.inf)))
+    r = requantized  # the product's epilogue: conv.gemm_kernel's and conv.windows_kernel's arguments after w
+    finish = (r.bias, r.lo, r.hi, (r.scale, r.zero_point, r.storage)) if r is not None \
+        else (epilogue or (None, -np.inf, np.inf))
     if (kh, kw) == (1, 1) and stride == (1, 1) and not padded:
+        product = FC.gemm_kernel(wt, *finish)
 
         def pointwise(x: np.ndarray) -> np.ndarray:
             rows = x.reshape(-1, cin_g)
@@ -728,11 +727,10 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
 
         return pointwise
 
-    windows = FC.windows_kernel(wt, r.bias, r.lo, r.hi, (r.scale, r.zero_point, r.storage)) if requantized \
-        else FC.windows_kernel(wt, *(epilogue or (None, -np.inf, np.inf)))
+    windows = FC.windows_kernel(wt, *finish)
     offsets_of: dict = {}  # padded input shape -> (each output pixel's window start, each window input's offset)
 
-    def window_offsets(shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    def window_offsets(shape: tuple) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
         """Element offsets into the C-ordered padded input: rows in (N, OH, OW) order, window
         inputs in the filter rows' (KH, KW, Cin) order."""
         if shape not in offsets_of:
@@ -742,8 +740,8 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
             sn, sh, sw = h * width * c, width * c, c
             bases = (np.arange(n)[:, None, None] * sn + np.arange(oh)[None, :, None] * (stride[0] * sh)
                      + np.arange(ow)[None, None, :] * (stride[1] * sw)).reshape(-1)
-            offsets = (np.arange(kh)[:, None, None] * (dilation[0] * sh) + np.arange(kw)[None, :, None] * (dilation[1] * sw)
-                       + np.arange(c)[None, None, :]).reshape(-1)
+            offsets = (np.arange(kh)[:, None, None] * (dilation[0] * sh)
+                       + np.arange(kw)[None, :, None] * (dilation[1] * sw) + np.arange(c)[None, None, :]).reshape(-1)
             offsets_of[shape] = (bases.astype(np.int64), offsets.astype(np.int64), (n, oh, ow))
         return offsets_of[shape]
 

@@ -298,7 +298,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         if requantized is None:
             return (w_panels, bias_p, bias_p, f32(0), f32(lo), f32(hi), False), np.float32
         scale, zero_point, storage = requantized
-        return (w_panels, bias_p, padded(np.broadcast_to(scale, (n,))), f32(zero_point), f32(lo), f32(hi), True), storage
+        scale_p = padded(np.broadcast_to(scale, (n,)))
+        return (w_panels, bias_p, scale_p, f32(zero_point), f32(lo), f32(hi), True), storage
 
     def _blas(w, bias, lo, hi, requantized):
         def product(rows):  # BLAS's product, the epilogue compiled
@@ -310,28 +311,33 @@ def _compile() -> Optional[dict[str, Callable]]:
 
         return product
 
-    def windows_kernel(w, bias, lo, hi, requantized=None):
+    def _windows(tiles, n):
+        """The tiles' product of gathered rows into a new [M, n] output (windows_kernel's call)."""
         from . import gemm_jit as G
 
-        tiles = _tiles(w, bias, lo, hi, requantized)
-        if tiles is None:
-            product = _blas(w, bias, lo, hi, requantized)
-            return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
         args, storage = tiles
 
         def windows(x, bases, offsets):
-            out = np.empty((bases.shape[0], w.shape[1]), storage)
+            out = np.empty((bases.shape[0], n), storage)
             G.windows_product(x.reshape(-1), bases, offsets, *args, out)
             return out
 
         return windows
 
+    def windows_kernel(w, bias, lo, hi, requantized=None):
+        tiles = _tiles(w, bias, lo, hi, requantized)
+        if tiles is None:
+            product = _blas(w, bias, lo, hi, requantized)
+            return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
+        return _windows(tiles, w.shape[1])
+
     def gemm_kernel(w, bias, lo, hi, requantized=None):
         from . import gemm_jit as G
 
-        blas, windows = _blas(w, bias, lo, hi, requantized), windows_kernel(w, bias, lo, hi, requantized)
-        if _tiles(w, bias, lo, hi, requantized) is None:
+        blas, tiles = _blas(w, bias, lo, hi, requantized), _tiles(w, bias, lo, hi, requantized)
+        if tiles is None:
             return blas
+        windows = _windows(tiles, w.shape[1])
         k = w.shape[0]
         offsets, bases_of = np.arange(k, dtype=np.int64), {}  # a row's inputs; rows -> each row's start
 

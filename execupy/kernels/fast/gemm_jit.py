@@ -97,7 +97,8 @@ def _tile(rows: int, panels: int, requantize: bool):
                       for p in panel_ids]
                 offset = _item(context, builder, off_t, off_arr, [k])
                 for m, row in enumerate(row_ids):
-                    xv = _splat(builder, _item(context, builder, x_t, x_arr, [builder.add(row_bases[m], offset)]), _V16F)
+                    xk = _item(context, builder, x_t, x_arr, [builder.add(row_bases[m], offset)])
+                    xv = _splat(builder, xk, _V16F)
                     for g in range(panels):
                         builder.store(_fma(builder, xv, ws[g], builder.load(accs[m][g])), accs[m][g])
             n = builder.extract_value(out_arr.shape, 1)
