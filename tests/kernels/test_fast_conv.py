@@ -332,7 +332,7 @@ def test_a_second_process_finds_every_conv_kernel_in_numbas_cache(tmp_path):
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
     assert set(first) == {"nchw", "split_columns", "nhwc", "nhwc_3x3", "bias_clamp_flat", "pad_into", "requantize_rows",
-                          "nhwc_3x3_vectors"}
+                          "nhwc_3x3_shared"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())
 
@@ -341,6 +341,103 @@ def test_a_second_process_finds_the_gemm_kernels_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(GEMM_CACHE_PROBE, tmp_path)
-    assert set(first) == {"windows_product"}
+    assert set(first) == {"windows_shared"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())
+
+
+# ---------------------------------------------------------------- both cores: chunks of rows (or panels)
+
+def _thread_part(cfunc, job: np.ndarray, xbuf: np.ndarray) -> None:
+    """Run a chunked job's C function here, as the second core's thread runs it: it takes every
+    chunk left, from the back."""
+    import ctypes
+
+    call = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * 12)(cfunc.address)
+    call(job.ctypes.data, 0, 0, 0, 0, 0, 0, 0, xbuf.ctypes.data, xbuf.size, 0, 0)
+
+
+def _windows_case(m: int, k: int, n: int, requantize: bool, seed: int = 0):
+    from execupy.kernels.fast import gemm_jit as G
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-60, 60, m * k).astype(np.float32)
+    w = G.panels(rng.integers(-9, 10, (k, n)).astype(np.float32))
+    bias = rng.integers(-500, 500, w.shape[0] * 16).astype(np.float32)
+    scale = (rng.random(w.shape[0] * 16) * 0.01).astype(np.float32)
+    f32 = np.float32
+    consts = (f32(3), f32(-128), f32(127)) if requantize else (f32(0), f32(-50), f32(50))
+    args = (x, np.arange(0, m * k, k, dtype=np.int64), np.arange(k, dtype=np.int64), w, bias, scale, *consts, requantize)
+    return args, (lambda: np.empty((m, n), np.int8 if requantize else np.float32))
+
+
+@pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
+@pytest.mark.parametrize("m, k, n", [(100, 8, 48), (6400, 3, 16), (7, 16, 300), (25, 160, 1280), (13, 5, 17)])
+@pytest.mark.parametrize("requantize", [False, True])
+def test_the_second_threads_part_of_a_gemm_computes_what_one_thread_does(m, k, n, requantize):
+    """The C function the second core's thread runs rebuilds the call from the job block alone;
+    taking every chunk (rows here, panels for a wide filter over few rows) it writes the same
+    bits as the plain one-thread call."""
+    from execupy.kernels.fast import gemm_jit as G
+
+    if G.WINDOWS_CHUNKS is None:
+        pytest.skip("no FMA: the GEMM tiles do not run")
+    args, new_out = _windows_case(m, k, n, requantize)
+    expected, ours = new_out(), new_out()
+    G.windows_product(*args, expected)
+    job, xbuf = np.zeros(G.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
+    G.windows_job(job, xbuf, *args, ours)
+    _thread_part(G.WINDOWS_CHUNKS, job, xbuf)
+    np.testing.assert_array_equal(ours, expected)
+    assert len(np.unique(expected)) > 10
+
+
+@pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.uint8])
+@pytest.mark.parametrize("size, c, stride", [(20, 16, 1), (11, 40, 2), (5, 288, 1)])
+def test_the_second_threads_part_of_a_depthwise_conv_computes_what_one_thread_does(dtype, size, c, stride):
+    from execupy.kernels.fast import conv_jit as K
+
+    rng = np.random.default_rng(size * c)
+    x = (rng.standard_normal((2, size, size, c)) * 3).astype(np.float32) if dtype == np.float32 \
+        else rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (2, size, size, c)).astype(dtype)
+    w = rng.standard_normal((3, 3, c)).astype(np.float32)
+    bias = rng.standard_normal(c).astype(np.float32)
+    o = _out_size(size, 3, stride, 1, 1)
+    xz = 0 if dtype == np.float32 else 5
+    padded, f32 = np.full(c, xz, dtype), np.float32
+    args = (x, padded, f32(xz), w, bias, f32(-4), f32(4), stride, stride, 1, 1, 1, 1)
+    expected, ours = np.empty((2, o, o, c), np.float32), np.empty((2, o, o, c), np.float32)
+    K.nhwc_3x3_vectors(*args, expected)
+    kind = K.INPUT_KINDS[np.dtype(dtype)]
+    job, xbuf = np.zeros(K.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
+    K.nhwc_3x3_job(job, xbuf, kind, *args, ours)
+    _thread_part(K.NHWC_3X3_CHUNKS[kind], job, xbuf)
+    np.testing.assert_array_equal(ours.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
+def test_convs_shared_with_the_second_thread_give_one_threads_bits():
+    """The real thread, awake: each call's chunks split between the two as they come (the split
+    differs from call to call), the outputs always the one-thread call's."""
+    from execupy.kernels.fast import conv_jit as K, gemm_jit as G
+    from execupy.kernels.fast.second_thread import SECOND_THREAD
+
+    if G.WINDOWS_CHUNKS is None:
+        pytest.skip("no FMA: the GEMM tiles do not run")
+    cases = [_windows_case(m, k, n, q, seed=m) for m, k, n, q in [(600, 8, 48, False), (30, 16, 300, True)]]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 24, 24, 32)).astype(np.float32)
+    w, bias, f32 = rng.standard_normal((3, 3, 32)).astype(np.float32), np.zeros(32, np.float32), np.float32
+    dw_args = (x, np.zeros(32, np.float32), f32(0), w, bias, f32(-np.inf), f32(np.inf), 1, 1, 1, 1, 1, 1)
+    dw_expected = np.empty((1, 24, 24, 32), np.float32)
+    K.nhwc_3x3_vectors(*dw_args, dw_expected)
+    for _ in range(30):
+        for args, new_out in cases:
+            expected, ours = new_out(), new_out()
+            G.windows_product(*args, expected)
+            SECOND_THREAD.call(G.windows_shared, (G.WINDOWS_CHUNKS.address, SECOND_THREAD.job, *args, ours), True)
+            np.testing.assert_array_equal(ours, expected)
+        ours = np.empty_like(dw_expected)
+        SECOND_THREAD.call(K.nhwc_3x3_shared, (K.NHWC_3X3_CHUNKS[0].address, SECOND_THREAD.job, 0, *dw_args, ours), True)
+        np.testing.assert_array_equal(ours.view(np.uint32), dw_expected.view(np.uint32))

@@ -22,7 +22,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from ...errors import InvalidInputError, MalformedProgramError, UnsupportedOperatorError
-from ...kernels.cores import CallSite
+from ...kernels.cores import CallSite, assumed_serial_s
+from ...kernels.fast import dense
 from ...kernels.fast import conv as FC
 from ...kernels.fast import xnnpack_gemm as XG
 from ...kernels.portable.conv import conv_output_size, convolution
@@ -461,9 +462,21 @@ def _fully_connected(node: Node, g) -> Step:
         return _fc_bias_folded(node, g, wt, g.constants[b_id].astype(F32))
     bias = g.loader(b_id) if has_bias else None
     load, store, site = g.loader(x_id), g.storer(out, node), CallSite()
+    matvec = dense.matvec_kernel(decode_steps=False) if wt.nbytes >= dense.SHARE_MIN_BYTES else None
+    if matvec is not None:  # the filter kept once, [out, in]: a mat-vec's rows, and BLAS's transposed view
+        w_rows = np.ascontiguousarray(wt.T)
+        wt = w_rows.T
+        matvec_site = CallSite(assumed_serial_s(w_rows.nbytes))
 
     def step(vals: list) -> None:
-        y = blas_threads.matmul(site, load(vals), wt)
+        x = load(vals)
+        if matvec is not None and x.size == k and x.dtype == F32:
+            # one row (a CNN's classifier): both cores, each half of the filter's rows; BLAS's
+            # threads would spin beside the second core's, which the convs keep busy
+            y = np.empty(x.shape[:-1] + (n,), F32)
+            matvec(matvec_site, w_rows, np.ascontiguousarray(x).reshape(k), y.reshape(n))
+        else:
+            y = blas_threads.matmul(site, x, wt)
         if bias is not None:
             y += bias(vals)
         vals[out] = store(y)
@@ -512,10 +525,27 @@ def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     # XNNPACK's int32 sums, exactly: float32 products over runs of inputs short enough that no
     # partial sum can pass 2**24, added up in float64 (half the bytes of a float64 filter)
     runs = [(a, b, np.ascontiguousarray(wt[a:b], F32)) for a, b in _exact_float32_runs(wt, x_val.datatype)]
+    site = CallSite()  # BLAS's threads as blas_threads allows: a classifier's one row keeps one
+    n_in, n_out = wt.shape
+    matvec = dense.matvec_kernel(decode_steps=False) if len(runs) == 1 and 4 * wt.size >= dense.SHARE_MIN_BYTES \
+        else None
+    if matvec is not None:  # one float32 copy of the filter, [out, in]: BLAS reads its transposed view
+        w_rows = np.ascontiguousarray(runs[0][2].T)
+        runs = [(0, n_in, w_rows.T)]
+        matvec_site = CallSite(assumed_serial_s(w_rows.nbytes))
+
+    def one_row(x: np.ndarray) -> np.ndarray:
+        # a classifier's row: both cores, each half of the filter's rows (exact integer sums, as BLAS's)
+        y = np.empty(x.shape[:-1] + (n_out,), F32)
+        matvec(matvec_site, w_rows, x.reshape(n_in), y.reshape(n_out))
+        return y
 
     def step(vals: list) -> None:
         x = vals[x_id].astype(F32)
-        acc = bias + sum(np.matmul(x[..., a:b], part).astype(np.float64) for a, b, part in runs)
+        if matvec is not None and x.size == n_in:
+            acc = bias + one_row(x).astype(np.float64)
+        else:
+            acc = bias + sum(blas_threads.matmul(site, x[..., a:b], part).astype(np.float64) for a, b, part in runs)
         vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
 
     return step
@@ -728,33 +758,48 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
         return pointwise
 
     windows = FC.windows_kernel(wt, *finish)
-    offsets_of: dict = {}  # padded input shape -> (each output pixel's window start, each window input's offset)
+    offsets_of: dict = {}  # (padded input shape, layout) -> (each output pixel's window start, each input's offset)
+    planes: dict = {}  # padded NCHW input shape -> its buffer (this step's own, reused by every call)
 
-    def window_offsets(shape: tuple) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
-        """Element offsets into the C-ordered padded input: rows in (N, OH, OW) order, window
-        inputs in the filter rows' (KH, KW, Cin) order."""
-        if shape not in offsets_of:
+    def window_offsets(shape: tuple, planar: bool) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
+        """Element offsets into the C-ordered padded input, NHWC, or NCHW where `planar`: rows in
+        (N, OH, OW) order, window inputs in the filter rows' (KH, KW, Cin) order."""
+        if (shape, planar) not in offsets_of:
             n, h, width, c = shape
             oh = conv_output_size(h, kh, stride[0], 0, dilation[0])
             ow = conv_output_size(width, kw, stride[1], 0, dilation[1])
-            sn, sh, sw = h * width * c, width * c, c
+            sn, sh, sw, sc = (c * h * width, width, 1, h * width) if planar else (h * width * c, width * c, c, 1)
             bases = (np.arange(n)[:, None, None] * sn + np.arange(oh)[None, :, None] * (stride[0] * sh)
                      + np.arange(ow)[None, None, :] * (stride[1] * sw)).reshape(-1)
             offsets = (np.arange(kh)[:, None, None] * (dilation[0] * sh)
-                       + np.arange(kw)[None, :, None] * (dilation[1] * sw) + np.arange(c)[None, None, :]).reshape(-1)
-            offsets_of[shape] = (bases.astype(np.int64), offsets.astype(np.int64), (n, oh, ow))
-        return offsets_of[shape]
+                       + np.arange(kw)[None, :, None] * (dilation[1] * sw)
+                       + np.arange(c)[None, None, :] * sc).reshape(-1)
+            offsets_of[shape, planar] = (bases.astype(np.int64), offsets.astype(np.int64), (n, oh, ow))
+        return offsets_of[shape, planar]
 
     def dense(x: np.ndarray) -> np.ndarray:
-        """The product of each output pixel's window of the NHWC input, read in place (conv.windows_kernel)."""
+        """The product of each output pixel's window of the input, read in place (conv.windows_kernel).
+        An input whose memory is NCHW (a network's image, transposed to NHWC by a view) is padded
+        and read as NCHW: its rows copy whole (an NHWC copy of a 3-channel image went a value at
+        a time, 90 us of MobileNet's first conv)."""
         n, h, width, c = x.shape
-        if padded:  # x - x_zero inside a zero border
-            (top, bottom), (left, right) = pads
+        planar = c > 1 and x.transpose(0, 3, 1, 2).flags.c_contiguous
+        (top, bottom), (left, right) = pads
+        if planar:  # the border's zeros written once, at the first call of this shape
+            shape = (n, c, h + top + bottom, width + left + right)
+            if shape not in planes:
+                planes[shape] = np.zeros(shape, dtype)
+            xp = planes[shape]
+            inside = xp[:, :, top:top + h, left:left + width]
+            inside[...] = x.transpose(0, 3, 1, 2)
+            if x_zero:
+                inside -= zero
+        elif padded:  # x - x_zero inside a zero border
             xp = FC.pad_into(x, x_zero, top, left, np.zeros((n, h + top + bottom, width + left + right, c), dtype))
         else:
             xp = np.ascontiguousarray(x, dtype)
             xp = xp - zero if x_zero else xp
-        bases, offsets, out_shape = window_offsets(xp.shape)
+        bases, offsets, out_shape = window_offsets((n, h + top + bottom, width + left + right, c), planar)
         return windows(xp, bases, offsets).reshape(*out_shape, cout)
 
     return dense

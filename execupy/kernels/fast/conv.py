@@ -68,6 +68,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .. import cores
 from .elementwise import numba_enabled
 
 # ---------------------------------------------------------------------------- numpy reference
@@ -184,6 +185,7 @@ _VECTOR_INPUTS = (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.uint8))  
 
 def _compile() -> Optional[dict[str, Callable]]:
     from . import conv_jit as K
+    from .second_thread import SECOND_THREAD  # shares a conv's rows with the second core
 
     def requantize(acc, bias, scale, zero_point, lo, hi, out):
         channels = acc.shape[-1]
@@ -217,6 +219,7 @@ def _compile() -> Optional[dict[str, Callable]]:
             return rows[ow, dtype]
 
         vector_args: dict = {}  # x's dtype -> (w, bias, padded value) for nhwc_3x3_vectors
+        site = cores.CallSite()  # this layer's one-thread time, for the second-core rule
 
         def vectors(x, out) -> bool:
             """nhwc_3x3_vectors where it applies: 3x3, float32 sums, 16 channels or more."""
@@ -230,9 +233,10 @@ def _compile() -> Optional[dict[str, Callable]]:
                                         no_bias if bias is None else np.ascontiguousarray(bias, np.float32),
                                         np.full(c, x_zero, x.dtype))
             w32, b32, padded = vector_args[x.dtype]
-            f32 = np.float32
-            K.nhwc_3x3_vectors(np.ascontiguousarray(x), padded, f32(x_zero), w32, b32, f32(lo), f32(hi), sh, sw,
-                               *dilation, pads[0], pads[2], out)
+            f32, kind = np.float32, K.INPUT_KINDS[x.dtype]
+            SECOND_THREAD.run(K.nhwc_3x3_shared, (K.NHWC_3X3_CHUNKS[kind].address, SECOND_THREAD.job, kind,
+                                                  np.ascontiguousarray(x), padded, f32(x_zero), w32, b32, f32(lo),
+                                                  f32(hi), sh, sw, *dilation, pads[0], pads[2], out), site)
             return True
 
         def depthwise(x, out):
@@ -316,10 +320,12 @@ def _compile() -> Optional[dict[str, Callable]]:
         from . import gemm_jit as G
 
         args, storage = tiles
+        site = cores.CallSite()  # this conv's one-thread time, for the second-core rule
 
         def windows(x, bases, offsets):
             out = np.empty((bases.shape[0], n), storage)
-            G.windows_product(x.reshape(-1), bases, offsets, *args, out)
+            SECOND_THREAD.run(G.windows_shared, (G.WINDOWS_CHUNKS.address, SECOND_THREAD.job, x.reshape(-1), bases,
+                                                 offsets, *args, out.view(np.int8) if args[-1] else out), site)
             return out
 
         return windows

@@ -24,12 +24,21 @@ MatVec = Callable[[Site, np.ndarray, np.ndarray, np.ndarray], None]
 _LOADED: list[Optional[MatVec]] = []  # [the mat-vec or None], once loaded
 
 
-def matvec_kernel() -> Optional[MatVec]:
+def matvec_kernel(decode_steps: bool = True) -> Optional[MatVec]:
     """The shared mat-vec, loaded (and warmed up) on first use; None without numba or with
-    EXECUPY_NUMBA=0."""
+    EXECUPY_NUMBA=0. With `decode_steps` an LLM's other decode kernels are warmed up too, now
+    (at bind) rather than inside the first prompt; a CNN's classifier does not need them."""
     if not _LOADED:
         _LOADED.append(_load())
+    if decode_steps and _LOADED[0] is not None and not _DECODE_WARMED:
+        from . import decode_jit
+
+        decode_jit.warm_up()
+        _DECODE_WARMED.append(True)
     return _LOADED[0]
+
+
+_DECODE_WARMED: list[bool] = []
 
 
 def _load() -> Optional[MatVec]:
@@ -51,7 +60,4 @@ def _load() -> Optional[MatVec]:
     weight = np.ones((4, 16), np.float32)
     weight.flags.writeable = False
     SECOND_THREAD.dense_matvec(np.ones(16, np.float32), weight, np.empty(4, np.float32), False)
-    from . import decode_jit  # an LLM's other decode steps, likewise
-
-    decode_jit.warm_up()
     return matvec

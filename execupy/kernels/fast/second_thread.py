@@ -41,6 +41,7 @@ class SecondThread:
     def __init__(self) -> None:
         self.ctrl = K.control_block()
         self.xbuf, self.scratch = np.zeros(MAX_SHARED, np.float32), np.zeros(MAX_SHARED, np.float32)
+        self.job = np.zeros(K.JOB_SLOTS, np.int64)  # a chunked job's block (second_thread_jit), one job at a time
         self.taken_back = 0  # halves the caller took back from a second thread too slow to finish them
         self.calls = threading.Lock()  # one caller posts at a time; another does its calls alone
         self.wake = threading.Event()

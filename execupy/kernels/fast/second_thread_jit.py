@@ -72,6 +72,14 @@ def compare_exchange(typingctx, ctrl, index, expected, new):
 
 
 @intrinsic
+def fetch_add(typingctx, ctrl, index, value):
+    """ctrl[index] += value, atomically; returns the value before."""
+    def codegen(context, builder, sig, args):
+        return builder.atomic_rmw("add", _slot(context, builder, sig, args), args[2], "acq_rel")
+    return types.int64(ctrl, index, value), codegen
+
+
+@intrinsic
 def _pointer(typingctx, address):
     return types.voidptr(types.int64), lambda context, builder, sig, args: builder.inttoptr(args[0], cgutils.voidptr_t)
 
@@ -487,3 +495,62 @@ def attention_halves(ctrl, xbuf, scratch, q, k, v, kv_len, scale, block, out, sh
 KERNELS = {"second_thread_loop": second_thread_loop, "matvec_halves": matvec_halves,
            "dense_matvec_halves": dense_matvec_halves, "attention_halves": attention_halves,
            "matvec_pair": matvec_pair}
+
+
+# ---------------------------------------------------------------------------- chunks both threads take
+# A job of many independent blocks of outputs (a convolution's rows or columns): the caller and
+# the second thread each take the next chunk from a counter (`job[NEXT]`, a fetch-add) until none
+# is left, each writing its outputs straight into the output array. Unlike the halves above,
+# nothing is copied from scratch (a conv's output is megabytes) and nothing is taken back: the
+# output is the caller's, so the caller returns only once the thread has finished the chunk it
+# holds (`join_chunks`), yielding its core while it waits, so that a thread that lost its core
+# gets it back. A chunk's outputs do not depend on who computes them: one thread and two give
+# the same bits. The job block (int64, the caller's) holds NEXT and CHUNKS (how many), then the
+# kernel's own fields from FIELDS; a CALL job (JOB: the block's address, JOB_FN: the kernel's C
+# function, which takes chunks as the caller does) hands it to the thread.
+NEXT, CHUNKS, FIELDS = 0, 8, 9  # NEXT on a cache line of its own
+JOB_SLOTS = 32
+
+
+@numba.njit(cache=True, inline="always")
+def next_chunk(job, from_back):
+    """The next chunk's number, or -1 when none is left. The caller takes chunks from the
+    front, the thread from the back (job[NEXT] = front + back << 32): each keeps to its own
+    half of every job while both keep pace, so the rows a core wrote are the rows it reads
+    next (a conv's output rows are the next layer's input rows, in that core's cache)."""
+    while True:
+        state = load_acquire(job, NEXT)
+        front, back = state & 0xFFFFFFFF, state >> 32
+        if front >= back:
+            return -1
+        taken = back - 1 if from_back else front
+        new = front | (taken << 32) if from_back else (front + 1) | (back << 32)
+        if compare_exchange(job, NEXT, state, new):
+            return taken
+
+
+@numba.njit(cache=True, inline="always")
+def open_chunks(job, chunks):
+    """Set a job block's counter to `chunks` chunks, none taken."""
+    job[CHUNKS] = chunks
+    store_release(job, NEXT, chunks << 32)
+
+
+@numba.njit(cache=True, inline="always")
+def post_chunks(ctrl, job, fn):
+    """Post an opened job block (its FIELDS written) for the second thread, its C function at
+    `fn`. Returns the job's number."""
+    ctrl[KIND], ctrl[JOB], ctrl[JOB_FN] = CALL, job.ctypes.data, fn
+    return publish(ctrl)
+
+
+@numba.njit(cache=True, inline="always")
+def join_chunks(ctrl, seq):
+    """Once the caller found no chunk left: return when the thread no longer writes. Either the
+    caller claims the job first (the thread never started it) or it waits for the thread's DONE."""
+    if compare_exchange(ctrl, CLAIM, seq * 2, seq * 2 + 1):
+        return
+    start = cycles()
+    while load_acquire(ctrl, RESULT) != seq * 4 + DONE:
+        if cycles() - start > MIN_WAIT_CYCLES:
+            _sched_yield()
