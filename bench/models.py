@@ -22,7 +22,8 @@ The models are built here from a seed (torch only), so both sides hold the same 
   also our runtime on ExecuTorch's XNNPACK file, and on our own XNNPACK export when this
   checkout's exporter has ``to_edge_transform_and_lower`` and ``XnnpackPartitioner``.
 
-Each timing is the median of --calls forward calls after two warm-up calls. The two sides
+Each timing is the median of --calls forward calls after two warm-up calls, each side in a
+process of its own (ours never imports torch, as a user's runtime would not). The two sides
 take turns --rounds times (the machine is shared; a burst of load hits both) and the table
 shows the median of the rounds. Ratios: our fastest program / ExecuTorch's (below 1.0 is
 faster). Columns: ``execupy`` our export (portable kernels) in our runtime; ``ours xnn`` our
@@ -268,21 +269,46 @@ def our_programs(name: str, precision: str, work: Path) -> dict[str, Path]:
     return paths
 
 
-def time_ours(models: list[str], work: Path, calls: int) -> dict:
-    from execupy.runtime import Module
-
-    out = {}
+def prepare_ours(models: list[str], work: Path) -> Path:
+    """Export our programs (cached) and save the timed inputs; returns the manifest the timing
+    worker reads: {"name/precision/label": [program, inputs]}."""
+    manifest = {}
     for name in models:
         for precision in PRECISIONS:
             _, inputs = model_and_inputs(name)
-            x = tuple(t.numpy() for t in inputs(TEST_SEED))
+            x = work / f"inputs-{name}.npz"
+            np.savez(x, *(t.numpy() for t in inputs(TEST_SEED)))
             programs = {**our_programs(name, precision, work),
                         "execupy on ET's xnnpack file": work / f"et-{name}-{precision}-xnnpack.pte"}
-            for label, path in programs.items():
-                module = Module(path)
-                np.save(work / f"{label.replace(' ', '_')}-{name}-{precision}.npy", np.asarray(module.forward(*x)))
-                out[f"{name}/{precision}/{label}"] = time_calls(lambda: module.forward(*x), calls)
+            manifest.update({f"{name}/{precision}/{label}": [str(path), str(x)] for label, path in programs.items()})
+    path = work / "ours-manifest.json"
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def ours_worker(manifest: Path, calls: int) -> dict:
+    """In a fresh process that never imports torch (as a user's runtime runs: torch's idle
+    threads would share the cores with ours): time each of our programs."""
+    from execupy.runtime import Module
+
+    out = {}
+    for key, (path, inputs) in json.loads(manifest.read_text()).items():
+        with np.load(inputs) as saved:
+            x = tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
+        module = Module(path)
+        name, precision, label = key.split("/")
+        np.save(manifest.parent / f"{label.replace(' ', '_')}-{name}-{precision}.npy", np.asarray(module.forward(*x)))
+        out[key] = time_calls(lambda: module.forward(*x), calls)
+    assert "torch" not in sys.modules, "the timing worker imported torch"
     return out
+
+
+def time_ours(manifest: Path, calls: int) -> dict:
+    cmd = [sys.executable, __file__, "--ours-worker", str(manifest), "--calls", str(calls)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode != 0:
+        sys.exit(f"our timing worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 # ---------------------------------------------------------------------------- the table
 
@@ -319,7 +345,11 @@ def main() -> int:
     ap.add_argument("--keep-blas-core", action="store_true",
                     help="keep OPENBLAS_CORETYPE as the environment has it (default: removed; blas_core.py)")
     ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ours-worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ours_worker:
+        print(json.dumps(ours_worker(args.ours_worker, args.calls)))
+        return 0
     if not (args.keep_blas_core or args.reference_worker) and blas_core.PIN in os.environ:
         # our side runs in this process, whose numpy has loaded OpenBLAS already: start again without the pin
         os.execve(sys.executable, [sys.executable, *sys.argv], blas_core.engine_env(False))
@@ -334,12 +364,13 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     if not REFERENCE_PYTHON.is_file():
         sys.exit(f"no reference venv at {REFERENCE_PYTHON} (see shared/tools/reference_run.py)")
+    manifest = prepare_ours(models, args.work)
     load = os.getloadavg()[0]
     rounds = []
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
         theirs = reference(models, args.work, args.calls)
-        rounds.append({**theirs, **time_ours(models, args.work, args.calls)})
+        rounds.append({**theirs, **time_ours(manifest, args.calls)})
     print(f"latency per forward call, median of {args.calls} calls x {args.rounds} rounds; {os.cpu_count()} cores, "
           f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"numpy's OpenBLAS in our runs: {blas_core.chosen_core(dict(os.environ))}")

@@ -523,29 +523,29 @@ def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
                                 node.output_min, node.output_max)
     x_id, out = f["input1_id"], f["output_id"]
     # XNNPACK's int32 sums, exactly: float32 products over runs of inputs short enough that no
-    # partial sum can pass 2**24, added up in float64 (half the bytes of a float64 filter)
-    runs = [(a, b, np.ascontiguousarray(wt[a:b], F32)) for a, b in _exact_float32_runs(wt, x_val.datatype)]
+    # partial sum can pass 2**24, added up in float64 (half the bytes of a float64 filter); each
+    # run's filter kept [out, in], a mat-vec's rows (BLAS reads its transposed view)
+    runs = [(a, b, np.ascontiguousarray(wt[a:b].T, F32)) for a, b in _exact_float32_runs(wt, x_val.datatype)]
     site = CallSite()  # BLAS's threads as blas_threads allows: a classifier's one row keeps one
     n_in, n_out = wt.shape
-    matvec = dense.matvec_kernel(decode_steps=False) if len(runs) == 1 and 4 * wt.size >= dense.SHARE_MIN_BYTES \
-        else None
-    if matvec is not None:  # one float32 copy of the filter, [out, in]: BLAS reads its transposed view
-        w_rows = np.ascontiguousarray(runs[0][2].T)
-        runs = [(0, n_in, w_rows.T)]
-        matvec_site = CallSite(assumed_serial_s(w_rows.nbytes))
+    matvec = dense.matvec_kernel(decode_steps=False) if 4 * wt.size >= dense.SHARE_MIN_BYTES else None
+    matvec_site = CallSite(assumed_serial_s(4 * wt.size))
 
     def one_row(x: np.ndarray) -> np.ndarray:
-        # a classifier's row: both cores, each half of the filter's rows (exact integer sums, as BLAS's)
-        y = np.empty(x.shape[:-1] + (n_out,), F32)
-        matvec(matvec_site, w_rows, x.reshape(n_in), y.reshape(n_out))
-        return y
+        # a classifier's row: both cores, each half of each run's filter rows (exact integer sums, as BLAS's)
+        acc = bias
+        for a, b, rows in runs:
+            y = np.empty(n_out, F32)
+            matvec(matvec_site, rows, np.ascontiguousarray(x.reshape(n_in)[a:b]), y)
+            acc = acc + y.astype(np.float64)
+        return np.broadcast_to(acc, x.shape[:-1] + (n_out,))
 
     def step(vals: list) -> None:
         x = vals[x_id].astype(F32)
         if matvec is not None and x.size == n_in:
-            acc = bias + one_row(x).astype(np.float64)
+            acc = one_row(x)
         else:
-            acc = bias + sum(blas_threads.matmul(site, x[..., a:b], part).astype(np.float64) for a, b, part in runs)
+            acc = bias + sum(blas_threads.matmul(site, x[..., a:b], rows.T).astype(np.float64) for a, b, rows in runs)
         vals[out] = Q.requantize(acc, scale, out_val.quant.zero_point, out_val.datatype, lo, hi)
 
     return step
