@@ -1,5 +1,6 @@
-"""The second core's thread: shares decode mat-vecs and attention, and an XNNPACK program's 4-bit
-prompt products (xnnpack_gemm_jit), with the calling thread (numba only).
+"""The second core's thread: shares decode mat-vecs and attention, an XNNPACK program's 4-bit
+prompt products (xnnpack_gemm_jit) and a CNN's convolutions (gemm_jit, conv_jit: chunks of rows
+taken from both ends) with the calling thread (numba only).
 
 An LLM's decode step runs some 200 mat-vecs of 0.1-1 million weights, each a few tens of
 microseconds, one after another with Python between them. A thread pool that sleeps between
