@@ -110,6 +110,13 @@ CASES = {
     # (the first with the ReLU as its output bounds), the narrowing last one adds it after
     "fp32_linear_bias": dict(model="nn.Sequential(nn.Linear(16, 40), nn.ReLU(), nn.Linear(40, 40), nn.Linear(40, 8))",
                              inputs="(torch.randn(2, 5, 16) * 2,)", nodes=["FullyConnected"], datatypes=["fp32"]),
+    # a classifier's one row: mat-vecs shared with the second core's thread (kernels/fast/dense.py);
+    # the static int8 filter in two runs of exact float32 sums (uniform weights: 3072 x ~64 x 128 > 2**24)
+    "fp32_classifier": dict(model="nn.Linear(640, 100)", inputs="(torch.randn(1, 640),)", nodes=["FullyConnected"],
+                            datatypes=["fp32"]),
+    "static_int8_classifier": dict(model="(lambda fc: (nn.init.uniform_(fc.weight, -1, 1), fc)[1])(nn.Linear(3072, 64))",
+                                   inputs="(torch.randn(1, 3072) * 3,)", quant="static",
+                                   nodes=["FullyConnected"], datatypes=["qint8"], exact=True),
     "int8_int4_group32": dict(model="nn.Sequential(nn.Linear(64, 24, bias=False))",
                               inputs="(torch.randn(2, 3, 64),)", quant="int4:32", nodes=["FullyConnected"],
                               datatypes=["qdint8", "qbint4"]),
@@ -285,3 +292,21 @@ def test_a_swiglus_three_nodes_run_as_one_compiled_call(programs):
     assert [s.__name__ for s in handle.steps if s.__name__ != "NOTHING"] == ["swiglu_step"]
     bound = [step.run.__name__ for step in method._steps if step.__name__ == "call_bound_delegate"]
     assert bound == ["swiglu_into_out"]
+
+
+@pytest.mark.parametrize("name, runs", [("fp32_classifier", 1), ("static_int8_classifier", 2)])
+def test_a_classifiers_one_row_is_a_shared_mat_vec(programs, name, runs, monkeypatch):
+    """One row through a large filter reads it on both cores (dense.matvec_kernel), once per exact
+    float32 run of an int8 filter, and still gives ExecuTorch's outputs (the case above)."""
+    from execupy.kernels.fast import dense
+
+    if dense.matvec_kernel(decode_steps=False) is None:
+        pytest.skip("numba (the `fast` extra) is not installed")
+    calls = []
+    monkeypatch.setattr(dense, "_LOADED", [lambda site, w, x, out: calls.append(w.shape) or np.matmul(w, x, out=out)])
+    folder, report = programs
+    assert report[name] == "ok", f"ExecuTorch could not lower or run the case: {report[name]}"
+    _, expected, got = worker_case_outputs(folder, name)
+    assert len(calls) == runs and sum(k for _, k in calls) == (640 if runs == 1 else 3072)
+    np.testing.assert_allclose(got[0].astype(np.float64), expected[0].astype(np.float64), rtol=0,
+                               atol=0 if runs > 1 else 1e-5 * float(np.abs(expected[0]).max()))
