@@ -312,9 +312,9 @@ FC.NUMBA["depthwise_nhwc"](np.ones((1, 5, 5, 16), np.float32), np.ones((3, 3, 16
                            (1, 1, 1, 1), 0, np.empty((1, 5, 5, 16), np.float32))  # 16 channels a vector
 """
 
-GEMM_CACHE_PROBE = """
+SHARED_CACHE_PROBE = """
 import numpy as np
-from execupy.kernels.fast import conv as FC, gemm_jit as K
+from execupy.kernels.fast import conv as FC, conv_shared_jit as K
 w = np.ones((3, 20), np.float32)
 FC.NUMBA["gemm_kernel"](w, None, 0.0, 6.0)(np.ones((7, 3), np.float32))
 FC.NUMBA["gemm_kernel"](w, np.zeros(20, np.float32), -128, 127, (np.ones(20, np.float32), 0, np.int8))(np.ones((7, 3), np.uint8))
@@ -322,6 +322,8 @@ bases, offsets = np.arange(7, dtype=np.int64), np.arange(3, dtype=np.int64)
 FC.NUMBA["windows_kernel"](w, None, 0.0, 6.0)(np.ones(10, np.float32), bases, offsets)
 FC.NUMBA["windows_kernel"](w, np.zeros(20, np.float32), -128, 127, (np.ones(20, np.float32), 0, np.int8))(
     np.ones(10, np.float32), bases, offsets)
+FC.NUMBA["depthwise_nhwc"](np.ones((1, 5, 5, 16), np.float32), np.ones((3, 3, 16), np.float32), (1, 1), (1, 1),
+                           (1, 1, 1, 1), 0, np.empty((1, 5, 5, 16), np.float32))  # 16 channels a vector
 """
 
 
@@ -331,17 +333,16 @@ def test_a_second_process_finds_every_conv_kernel_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
-    assert set(first) == {"nchw", "split_columns", "nhwc", "nhwc_3x3", "bias_clamp_flat", "pad_into", "requantize_rows",
-                          "nhwc_3x3_shared"}
+    assert set(first) == {"nchw", "split_columns", "nhwc", "nhwc_3x3", "bias_clamp_flat", "pad_into", "requantize_rows"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())
 
 
-def test_a_second_process_finds_the_gemm_kernels_in_numbas_cache(tmp_path):
+def test_a_second_process_finds_the_gemm_and_shared_conv_kernels_in_numbas_cache(tmp_path):
     from tests.numba_cache import two_processes_cache_stats
 
-    first, second = two_processes_cache_stats(GEMM_CACHE_PROBE, tmp_path)
-    assert set(first) == {"windows_shared"}
+    first, second = two_processes_cache_stats(SHARED_CACHE_PROBE, tmp_path)
+    assert set(first) == {"windows_shared", "nhwc_3x3_shared"}
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())
 
@@ -378,16 +379,16 @@ def test_the_second_threads_part_of_a_gemm_computes_what_one_thread_does(m, k, n
     """The C function the second core's thread runs rebuilds the call from the job block alone;
     taking every chunk (rows here, panels for a wide filter over few rows) it writes the same
     bits as the plain one-thread call."""
-    from execupy.kernels.fast import gemm_jit as G
+    from execupy.kernels.fast import conv_shared_jit as S, gemm_jit as G
 
-    if G.WINDOWS_CHUNKS is None:
+    if S.WINDOWS_CHUNKS is None:
         pytest.skip("no FMA: the GEMM tiles do not run")
     args, new_out = _windows_case(m, k, n, requantize)
     expected, ours = new_out(), new_out()
     G.windows_product(*args, expected)
-    job, xbuf = np.zeros(G.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
-    G.windows_job(job, xbuf, *args, ours)
-    _thread_part(G.WINDOWS_CHUNKS, job, xbuf)
+    job, xbuf = np.zeros(S.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
+    S.windows_job(job, xbuf, *args, ours)
+    _thread_part(S.WINDOWS_CHUNKS, job, xbuf)
     np.testing.assert_array_equal(ours, expected)
     assert len(np.unique(expected)) > 10
 
@@ -396,7 +397,7 @@ def test_the_second_threads_part_of_a_gemm_computes_what_one_thread_does(m, k, n
 @pytest.mark.parametrize("dtype", [np.float32, np.int8, np.uint8])
 @pytest.mark.parametrize("size, c, stride", [(20, 16, 1), (11, 40, 2), (5, 288, 1)])
 def test_the_second_threads_part_of_a_depthwise_conv_computes_what_one_thread_does(dtype, size, c, stride):
-    from execupy.kernels.fast import conv_jit as K
+    from execupy.kernels.fast import conv_jit as K, conv_shared_jit as S
 
     rng = np.random.default_rng(size * c)
     x = (rng.standard_normal((2, size, size, c)) * 3).astype(np.float32) if dtype == np.float32 \
@@ -409,10 +410,10 @@ def test_the_second_threads_part_of_a_depthwise_conv_computes_what_one_thread_do
     args = (x, padded, f32(xz), w, bias, f32(-4), f32(4), stride, stride, 1, 1, 1, 1)
     expected, ours = np.empty((2, o, o, c), np.float32), np.empty((2, o, o, c), np.float32)
     K.nhwc_3x3_vectors(*args, expected)
-    kind = K.INPUT_KINDS[np.dtype(dtype)]
-    job, xbuf = np.zeros(K.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
-    K.nhwc_3x3_job(job, xbuf, kind, *args, ours)
-    _thread_part(K.NHWC_3X3_CHUNKS[kind], job, xbuf)
+    kind = S.INPUT_KINDS[np.dtype(dtype)]
+    job, xbuf = np.zeros(S.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
+    S.nhwc_3x3_job(job, xbuf, kind, *args, ours)
+    _thread_part(S.NHWC_3X3_CHUNKS[kind], job, xbuf)
     np.testing.assert_array_equal(ours.view(np.uint32), expected.view(np.uint32))
 
 
@@ -420,10 +421,10 @@ def test_the_second_threads_part_of_a_depthwise_conv_computes_what_one_thread_do
 def test_convs_shared_with_the_second_thread_give_one_threads_bits():
     """The real thread, awake: each call's chunks split between the two as they come (the split
     differs from call to call), the outputs always the one-thread call's."""
-    from execupy.kernels.fast import conv_jit as K, gemm_jit as G
+    from execupy.kernels.fast import conv_jit as K, conv_shared_jit as S, gemm_jit as G
     from execupy.kernels.fast.second_thread import SECOND_THREAD
 
-    if G.WINDOWS_CHUNKS is None:
+    if S.WINDOWS_CHUNKS is None:
         pytest.skip("no FMA: the GEMM tiles do not run")
     cases = [_windows_case(m, k, n, q, seed=m) for m, k, n, q in [(600, 8, 48, False), (30, 16, 300, True)]]
     rng = np.random.default_rng(1)
@@ -436,8 +437,8 @@ def test_convs_shared_with_the_second_thread_give_one_threads_bits():
         for args, new_out in cases:
             expected, ours = new_out(), new_out()
             G.windows_product(*args, expected)
-            SECOND_THREAD.call(G.windows_shared, (G.WINDOWS_CHUNKS.address, SECOND_THREAD.job, *args, ours), True)
+            SECOND_THREAD.call(S.windows_shared, (S.WINDOWS_CHUNKS.address, SECOND_THREAD.job, *args, ours), True)
             np.testing.assert_array_equal(ours, expected)
         ours = np.empty_like(dw_expected)
-        SECOND_THREAD.call(K.nhwc_3x3_shared, (K.NHWC_3X3_CHUNKS[0].address, SECOND_THREAD.job, 0, *dw_args, ours), True)
+        SECOND_THREAD.call(S.nhwc_3x3_shared, (S.NHWC_3X3_CHUNKS[0].address, SECOND_THREAD.job, 0, *dw_args, ours), True)
         np.testing.assert_array_equal(ours.view(np.uint32), dw_expected.view(np.uint32))

@@ -185,7 +185,14 @@ _VECTOR_INPUTS = (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.uint8))  
 
 def _compile() -> Optional[dict[str, Callable]]:
     from . import conv_jit as K
-    from .second_thread import SECOND_THREAD  # shares a conv's rows with the second core
+
+    def both_cores():
+        """conv_shared_jit and the second core's thread, imported at the first conv kernel built
+        (~0.1-0.2 s that a program without one does not pay at import)."""
+        from . import conv_shared_jit
+        from .second_thread import SECOND_THREAD
+
+        return conv_shared_jit, SECOND_THREAD
 
     def requantize(acc, bias, scale, zero_point, lo, hi, out):
         channels = acc.shape[-1]
@@ -233,10 +240,11 @@ def _compile() -> Optional[dict[str, Callable]]:
                                         no_bias if bias is None else np.ascontiguousarray(bias, np.float32),
                                         np.full(c, x_zero, x.dtype))
             w32, b32, padded = vector_args[x.dtype]
-            f32, kind = np.float32, K.INPUT_KINDS[x.dtype]
-            SECOND_THREAD.run(K.nhwc_3x3_shared, (K.NHWC_3X3_CHUNKS[kind].address, SECOND_THREAD.job, kind,
-                                                  np.ascontiguousarray(x), padded, f32(x_zero), w32, b32, f32(lo),
-                                                  f32(hi), sh, sw, *dilation, pads[0], pads[2], out), site)
+            S, thread = both_cores()
+            f32, kind = np.float32, S.INPUT_KINDS[x.dtype]
+            thread.run(S.nhwc_3x3_shared, (S.NHWC_3X3_CHUNKS[kind].address, thread.job, kind, np.ascontiguousarray(x),
+                                           padded, f32(x_zero), w32, b32, f32(lo), f32(hi), sh, sw, *dilation, pads[0],
+                                           pads[2], out), site)
             return True
 
         def depthwise(x, out):
@@ -317,15 +325,14 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     def _windows(tiles, n):
         """The tiles' product of gathered rows into a new [M, n] output (windows_kernel's call)."""
-        from . import gemm_jit as G
-
+        S, thread = both_cores()
         args, storage = tiles
         site = cores.CallSite()  # this conv's one-thread time, for the second-core rule
 
         def windows(x, bases, offsets):
             out = np.empty((bases.shape[0], n), storage)
-            SECOND_THREAD.run(G.windows_shared, (G.WINDOWS_CHUNKS.address, SECOND_THREAD.job, x.reshape(-1), bases,
-                                                 offsets, *args, out.view(np.int8) if args[-1] else out), site)
+            thread.run(S.windows_shared, (S.WINDOWS_CHUNKS.address, thread.job, x.reshape(-1), bases, offsets, *args,
+                                          out.view(np.int8) if args[-1] else out), site)
             return out
 
         return windows

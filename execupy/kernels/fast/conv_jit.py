@@ -231,7 +231,6 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from .vnni_jit import _V16F, LANES, _arrays, _fma, _splat, _vector_at  # noqa: E402
-from .second_thread_jit import FIELDS, JOB_SLOTS, _pointer, join_chunks, next_chunk, open_chunks, post_chunks  # noqa: E402
 
 
 def _load_floats(context, builder, x_t, x_arr, indices):
@@ -360,76 +359,4 @@ def nhwc_3x3_rows(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out
                 _pixel_3x3(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, n, y, px, vectors, c)
 
 
-# ---------------------------------------------------------------- both cores (second_thread_jit's chunks)
-# nhwc_3x3_vectors' output rows in chunks taken by the caller (from the top) and the second core's
-# thread (from the bottom), as gemm_jit.windows_shared's 1x1 convs split theirs: the rows a core
-# wrote in one layer are, mostly, the rows it reads in the next. The job block's fields: x's
-# address, shape and kind (INPUT_KINDS), padded's, w's, bias's and out's addresses, out's rows
-# and columns, the strides, dilations and pads; xz, lo and hi (float32) ride in xbuf[:3].
-(DW_X_AT, DW_N, DW_H, DW_W, DW_C, DW_KIND, DW_PADDED_AT, DW_W_AT, DW_BIAS_AT, DW_OUT_AT, DW_OH, DW_OW, DW_SH, DW_SW,
- DW_DH, DW_DW, DW_TOP, DW_LEFT, DW_CHUNK) = range(FIELDS, FIELDS + 19)
-INPUT_KINDS = {np.dtype(np.float32): 0, np.dtype(np.int8): 1, np.dtype(np.uint8): 2}
-DEPTHWISE_CHUNKS = 16  # about this many chunks of rows per layer, shared by both threads
-
-
-@numba.njit(cache=True, inline="always")
-def _depthwise_chunks(job, from_back, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out):
-    rows, chunk = out.shape[0] * out.shape[1], job[DW_CHUNK]
-    while True:
-        c = next_chunk(job, from_back)
-        if c < 0:
-            return
-        nhwc_3x3_rows(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, c * chunk,
-                      min(rows, (c + 1) * chunk))
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def nhwc_3x3_shared(ctrl, xbuf, scratch, fn, job, kind, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left,
-                    out, share):
-    """nhwc_3x3_vectors, with `share` its rows in chunks taken by this thread and the second core's
-    (fn: the C function for x's kind, NHWC_3X3_CHUNKS[kind]'s address; job: the second thread's job
-    block, which only a sharing call may use). The same bits either way. Returns 0."""
-    if not share:
-        nhwc_3x3_vectors(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out)
-        return 0
-    nhwc_3x3_job(job, xbuf, kind, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out)
-    seq = post_chunks(ctrl, job, fn)
-    _depthwise_chunks(job, False, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out)
-    join_chunks(ctrl, seq)
-    return 0
-
-
-@numba.njit(cache=True)
-def nhwc_3x3_job(job, xbuf, kind, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out):
-    """Write nhwc_3x3_vectors' call into a job block (and xbuf), its chunks opened."""
-    rows = out.shape[0] * out.shape[1]
-    chunk = max(1, -(-rows // DEPTHWISE_CHUNKS))
-    job[DW_X_AT], job[DW_N], job[DW_H], job[DW_W], job[DW_C] = x.ctypes.data, x.shape[0], x.shape[1], x.shape[2], x.shape[3]
-    job[DW_KIND], job[DW_PADDED_AT], job[DW_W_AT], job[DW_BIAS_AT] = kind, padded.ctypes.data, w.ctypes.data, bias.ctypes.data
-    job[DW_OUT_AT], job[DW_OH], job[DW_OW], job[DW_SH], job[DW_SW] = out.ctypes.data, out.shape[1], out.shape[2], sh, sw
-    job[DW_DH], job[DW_DW], job[DW_TOP], job[DW_LEFT], job[DW_CHUNK] = dh, dw, top, left, chunk
-    xbuf[0], xbuf[1], xbuf[2] = xz, lo, hi
-    open_chunks(job, -(-rows // chunk))
-
-
-def _nhwc_3x3_chunks_of(dtype):
-    def chunks(job_at, _1, _2, _3, _4, _5, _6, _7, xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
-        # nhwc_3x3_shared's job on the second core's thread: its arrays again from the job block
-        job = numba.carray(_pointer(job_at), JOB_SLOTS, np.int64)
-        consts = numba.carray(_pointer(xbuf_at), 3, np.float32)
-        c = job[DW_C]
-        x = numba.carray(_pointer(job[DW_X_AT]), (job[DW_N], job[DW_H], job[DW_W], c), dtype)
-        out = numba.carray(_pointer(job[DW_OUT_AT]), (job[DW_N], job[DW_OH], job[DW_OW], c), np.float32)
-        _depthwise_chunks(job, True, x, numba.carray(_pointer(job[DW_PADDED_AT]), c, dtype), consts[0],
-                          numba.carray(_pointer(job[DW_W_AT]), (3, 3, c), np.float32),
-                          numba.carray(_pointer(job[DW_BIAS_AT]), c, np.float32), consts[1], consts[2],
-                          job[DW_SH], job[DW_SW], job[DW_DH], job[DW_DW], job[DW_TOP], job[DW_LEFT], out)
-    return chunks
-
-
-# The thread's part as C functions, one per kind of x (compiled at import, or read from numba's cache).
-NHWC_3X3_CHUNKS = tuple(numba.cfunc(types.void(*[types.int64] * 12), cache=True)(_nhwc_3x3_chunks_of(dtype))
-                        for dtype in INPUT_KINDS)
-
-
-KERNELS["nhwc_3x3_shared"] = nhwc_3x3_shared  # (nhwc_3x3_vectors: compiled inside it)
+# (nhwc_3x3_vectors is compiled inside conv_shared_jit.nhwc_3x3_shared, in that module's KERNELS)

@@ -22,6 +22,7 @@ SHARE_MIN_BYTES = cores.SHARE_MIN_BYTES
 
 MatVec = Callable[[Site, np.ndarray, np.ndarray, np.ndarray], None]
 _LOADED: list[Optional[MatVec]] = []  # [the mat-vec or None], once loaded
+_DECODE_WARMED: list[bool] = []  # [True] once an LLM's decode kernels are warmed up
 
 
 def matvec_kernel(decode_steps: bool = True) -> Optional[MatVec]:
@@ -36,9 +37,6 @@ def matvec_kernel(decode_steps: bool = True) -> Optional[MatVec]:
         decode_jit.warm_up()
         _DECODE_WARMED.append(True)
     return _LOADED[0]
-
-
-_DECODE_WARMED: list[bool] = []
 
 
 def _load() -> Optional[MatVec]:

@@ -31,7 +31,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from .second_thread_jit import FIELDS, JOB_SLOTS, _pointer, join_chunks, next_chunk, open_chunks, post_chunks
 from .vnni_jit import _F32, _V16F, LANES, _arrays, _fma, _item, _splat, _vector_at, target_has
 
 # Without the instruction llvm.fma is a call to the C library's fmaf per lane: BLAS is faster there.
@@ -173,91 +172,5 @@ def windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, o
             _F_ROW_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
 
 
-# ---------------------------------------------------------------- both cores (second_thread_jit's chunks)
-# The caller and the second core's thread take chunks, each written straight into out: blocks of
-# rows when X is the larger operand (each thread then reads all of W and its own rows), of panels
-# when W is (a few pixels times a wide filter: each reads all of X and its own columns of W).
-# The job block's fields: the addresses (and sizes) of x, bases, offsets, the panels, bias, scale
-# and out; requantize; the chunks' rows and panels. The float32 zero, lo, hi ride in xbuf[:3].
-(X_AT, X_SIZE, BASES_AT, M_, OFFSETS_AT, K_, W_AT, P_, BIAS_AT, SCALE_AT, OUT_AT, N_, REQUANTIZE, CHUNK_ROWS,
- CHUNK_PANELS) = range(FIELDS, FIELDS + 15)
-CHUNKS_PER_THREAD = 8  # a thread's share in about this many chunks: a late thread still finds some left
-
-
-@numba.njit(cache=True, inline="always")
-def _chunking(m, p_):
-    """(rows, panels) of a chunk: whole tiles of rows, or an even number of panels."""
-    chunks = 2 * CHUNKS_PER_THREAD
-    if p_ * LANES > m:  # W read more than X
-        return m, TILE_PANELS * max(1, -(-p_ // (TILE_PANELS * chunks)))
-    return TILE_ROWS * max(1, -(-m // (TILE_ROWS * chunks))), p_
-
-
-@numba.njit(cache=True, inline="always")
-def _take_chunks(job, from_back, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out):
-    m, p_, rows, panels = bases.shape[0], w.shape[0], job[CHUNK_ROWS], job[CHUNK_PANELS]
-    across = -(-p_ // panels)
-    while True:
-        c = next_chunk(job, from_back)
-        if c < 0:
-            return
-        r0, p0 = (c // across) * rows, (c % across) * panels
-        windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, r0, min(m, r0 + rows),
-                      p0, min(p_, p0 + panels))
-
-
-@numba.njit(cache=True, nogil=True)
-def windows_shared(ctrl, xbuf, scratch, fn, job, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out,
-                   share):
-    """windows_product, with `share` its chunks taken by this thread and the second core's (fn:
-    WINDOWS_CHUNKS's address; job: the second thread's job block, which only a sharing call may
-    use). The same bits either way. Returns 0 (nothing is taken back)."""
-    if not share:
-        windows_product(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out)
-        return 0
-    windows_job(job, xbuf, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out)
-    seq = post_chunks(ctrl, job, fn)
-    _take_chunks(job, False, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out)
-    join_chunks(ctrl, seq)
-    return 0
-
-
-@numba.njit(cache=True)
-def windows_job(job, xbuf, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out):
-    """Write windows_product's call into a job block (and xbuf), its chunks opened."""
-    m, p_ = bases.shape[0], w.shape[0]
-    rows, panels = _chunking(m, p_)
-    job[X_AT], job[X_SIZE], job[BASES_AT], job[M_] = x.ctypes.data, x.shape[0], bases.ctypes.data, m
-    job[OFFSETS_AT], job[K_], job[W_AT], job[P_] = offsets.ctypes.data, offsets.shape[0], w.ctypes.data, p_
-    job[BIAS_AT], job[SCALE_AT], job[OUT_AT], job[N_] = bias.ctypes.data, scale.ctypes.data, out.ctypes.data, out.shape[1]
-    job[REQUANTIZE], job[CHUNK_ROWS], job[CHUNK_PANELS] = requantize, rows, panels
-    xbuf[0], xbuf[1], xbuf[2] = zero, lo, hi
-    open_chunks(job, -(-m // rows) * -(-p_ // panels))
-
-
-def _windows_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
-    # windows_shared's job on the second core's thread: its arrays again from the job block
-    job = numba.carray(_pointer(job_at), JOB_SLOTS, np.int64)
-    consts = numba.carray(_pointer(xbuf_at), 3, np.float32)
-    m, k, p_, n = job[M_], job[K_], job[P_], job[N_]
-    x = numba.carray(_pointer(job[X_AT]), job[X_SIZE], np.float32)
-    bases = numba.carray(_pointer(job[BASES_AT]), m, np.int64)
-    offsets = numba.carray(_pointer(job[OFFSETS_AT]), k, np.int64)
-    w = numba.carray(_pointer(job[W_AT]), (p_, k, LANES), np.float32)
-    bias = numba.carray(_pointer(job[BIAS_AT]), p_ * LANES, np.float32)
-    scale = numba.carray(_pointer(job[SCALE_AT]), p_ * LANES, np.float32)
-    if job[REQUANTIZE]:  # int8 or uint8 outputs: the same bytes (values clamped to the type's range)
-        out = numba.carray(_pointer(job[OUT_AT]), (m, n), np.int8)
-        _take_chunks(job, True, x, bases, offsets, w, bias, scale, consts[0], consts[1], consts[2], True, out)
-    else:
-        out32 = numba.carray(_pointer(job[OUT_AT]), (m, n), np.float32)
-        _take_chunks(job, True, x, bases, offsets, w, bias, scale, consts[0], consts[1], consts[2], False, out32)
-
-
-# The thread's part as a C function (compiled at import, or read from numba's cache), only where
-# the tiles run (with FMA: elsewhere conv.py uses BLAS).
-WINDOWS_CHUNKS = numba.cfunc(types.void(*[types.int64] * 12), cache=True)(_windows_chunks) if FMA else None
-
-
-# Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats).
-KERNELS = {"windows_shared": windows_shared}  # (windows_product: compiled inside it)
+# (No KERNELS here: windows_product is compiled inside conv_shared_jit.windows_shared, whose
+# KERNELS the cache test reads.)
