@@ -26,99 +26,118 @@ from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamp
 
 
 @numba.njit(cache=True, inline="always")
-def _block_sum(a, lo, n):
-    # numpy's pairwise_sum of a[lo:lo + n] for n <= 128, float32 throughout (eight running sums in
-    # scalars: LLVM keeps them in registers; as an array of 8 they ran 2x slower)
-    f32 = np.float32
-    if n < 8:
+def _block_sum(a, lo, n, squared):
+    # numpy's pairwise_sum of a[lo:lo + n] (or of their float32 squares, `squared` a literal the
+    # inlined code folds) for n <= 128, float32 throughout: eight running sums in scalars (LLVM
+    # keeps them in registers; as an array of 8 they ran 2x slower). Unsigned indices: with signed
+    # ones numba wraps each of the eight loads for a negative index, and the loop ran 2x slower.
+    f32, u = np.float32, np.uint64
+    lo, n = u(lo), u(n)
+    if n < u(8):
         res = f32(0)
-        for i in range(n):
-            res = f32(res + a[lo + i])
+        for i in range(lo, lo + n):
+            v = a[u(i)]
+            res = f32(res + (f32(v * v) if squared else v))
         return res
-    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
-    for j in range(lo + 8, lo + n - n % 8, 8):
-        r0, r1, r2, r3 = f32(r0 + a[j]), f32(r1 + a[j + 1]), f32(r2 + a[j + 2]), f32(r3 + a[j + 3])
-        r4, r5, r6, r7 = f32(r4 + a[j + 4]), f32(r5 + a[j + 5]), f32(r6 + a[j + 6]), f32(r7 + a[j + 7])
+    v0, v1, v2, v3 = a[lo], a[lo + u(1)], a[lo + u(2)], a[lo + u(3)]
+    v4, v5, v6, v7 = a[lo + u(4)], a[lo + u(5)], a[lo + u(6)], a[lo + u(7)]
+    if squared:
+        v0, v1, v2, v3 = f32(v0 * v0), f32(v1 * v1), f32(v2 * v2), f32(v3 * v3)
+        v4, v5, v6, v7 = f32(v4 * v4), f32(v5 * v5), f32(v6 * v6), f32(v7 * v7)
+    r0, r1, r2, r3, r4, r5, r6, r7 = v0, v1, v2, v3, v4, v5, v6, v7
+    end = lo + n - n % u(8)
+    j = lo + u(8)
+    while j < end:
+        v0, v1, v2, v3 = a[j], a[j + u(1)], a[j + u(2)], a[j + u(3)]
+        v4, v5, v6, v7 = a[j + u(4)], a[j + u(5)], a[j + u(6)], a[j + u(7)]
+        if squared:
+            v0, v1, v2, v3 = f32(v0 * v0), f32(v1 * v1), f32(v2 * v2), f32(v3 * v3)
+            v4, v5, v6, v7 = f32(v4 * v4), f32(v5 * v5), f32(v6 * v6), f32(v7 * v7)
+        r0, r1, r2, r3 = f32(r0 + v0), f32(r1 + v1), f32(r2 + v2), f32(r3 + v3)
+        r4, r5, r6, r7 = f32(r4 + v4), f32(r5 + v5), f32(r6 + v6), f32(r7 + v7)
+        j += u(8)
     res = f32(f32(f32(r0 + r1) + f32(r2 + r3)) + f32(f32(r4 + r5) + f32(r6 + r7)))
-    for i in range(lo + n - n % 8, lo + n):
-        res = f32(res + a[i])
+    while j < lo + n:
+        v = a[j]
+        res = f32(res + (f32(v * v) if squared else v))
+        j += u(1)
     return res
 
 
 @numba.njit(cache=True)
-def row_sums(x, stack, sums):
-    # numpy's sum of each row of x [R, n] (its pairwise summation, added to the reduction's initial
-    # 0), into sums[0] (sums float32 [64, R] and stack int64 [3, 64]: the caller's scratch). Longer than 128, a sum is that of the two
-    # halves (split at half the length rounded down to a multiple of 8); the halves are walked with
-    # an explicit stack (numba's disk cache and recursive functions do not mix: a recursive kernel
-    # loaded from the cache crashed). The split depends on n alone, so all rows walk it together.
-    n = x.shape[1]
-    half = n // 2 - (n // 2) % 8
-    if n - half <= 128:  # rows up to 263 long: one block or two, without the stack's bookkeeping (2x faster)
-        for r in range(x.shape[0]):
-            sums[0, r] = np.float32(np.float32(0) + (_block_sum(x[r], 0, n) if n <= 128 else np.float32(
-                _block_sum(x[r], 0, half) + _block_sum(x[r], half, n - half))))
-        return
-    los, lens, stage = stack[0], stack[1], stack[2]
+def pairwise_plan(n):
+    # numpy's pairwise summation of n values as a program: rows (lo, length) in the order numpy
+    # adds them, a block of <= 128 values summed (length > 0), or the two sums last made added
+    # (length 0). Longer than 128, a sum is that of its two halves, split at half the length
+    # rounded down to a multiple of 8. Made once per call, walked for each row (numba's disk cache
+    # and recursive functions do not mix: a recursive kernel loaded from the cache crashed).
+    plan = np.zeros((n // 28 + 4, 2), np.int64)  # leaves of a split hold >= 56 values
+    depth = 64
+    los, lens, stage = np.empty(depth, np.int64), np.empty(depth, np.int64), np.empty(depth, np.int64)
     los[0], lens[0], stage[0] = 0, n, 0
-    depth, count = 1, 0
-    while depth:
-        top = depth - 1
-        lo, m = los[top], lens[top]
+    top, count = 1, 0
+    while top:
+        lo, m = los[top - 1], lens[top - 1]
         half = m // 2 - (m // 2) % 8
         if m <= 128:
-            for r in range(x.shape[0]):
-                sums[count, r] = _block_sum(x[r], lo, m)
+            plan[count, 0], plan[count, 1] = lo, m
             count += 1
-            depth -= 1
-        elif stage[top] < 2:  # push the left half, then the right half
-            stage[top] += 1
-            los[depth], lens[depth], stage[depth] = (lo, half, 0) if stage[top] == 1 else (lo + half, m - half, 0)
-            depth += 1
+            top -= 1
+        elif stage[top - 1] < 2:  # the left half, then the right half
+            stage[top - 1] += 1
+            los[top], lens[top], stage[top] = (lo, half, 0) if stage[top - 1] == 1 else (lo + half, m - half, 0)
+            top += 1
         else:  # both halves summed: left + right
-            for r in range(x.shape[0]):
-                sums[count - 2, r] = np.float32(sums[count - 2, r] + sums[count - 1, r])
-            count -= 1
-            depth -= 1
-    for r in range(x.shape[0]):
-        sums[0, r] = np.float32(np.float32(0) + sums[0, r])
+            plan[count, 0], plan[count, 1] = lo, 0
+            count += 1
+            top -= 1
+    return plan[:count]
+
+
+@numba.njit(cache=True, inline="always")
+def _row_sum(a, plan, partial, squared):
+    # numpy's sum of row a (or of its squares) as `plan` adds it, added to the reduction's initial
+    # 0; partial is the caller's float32 scratch (one slot per level of the plan)
+    f32 = np.float32
+    top = 0
+    for k in range(plan.shape[0]):
+        if plan[k, 1]:
+            partial[top] = _block_sum(a, plan[k, 0], plan[k, 1], squared)
+            top += 1
+        else:
+            partial[top - 2] = f32(partial[top - 2] + partial[top - 1])
+            top -= 1
+    return f32(f32(0) + partial[0])
 
 
 @numba.njit(cache=True, error_model="numpy")
 def layer_norm_rows(x, weight, bias, eps, out, mean, rstd):
-    # x, out [R, n]; weight, bias [n] (a zero-length array: none); mean, rstd [R]
+    # x, out [R, n]; weight, bias [n] (a zero-length array: none); mean, rstd [R]. Row by row, so
+    # the row stays in L1 across its four passes (sum, centre, sum of squares, scale).
     f32 = np.float32
     rows, n = x.shape
     count, one = f32(n), f32(1)
-    squares = np.empty((rows, n), np.float32)
-    stack, sums = np.empty((3, 64), np.int64), np.empty((64, rows), np.float32)
-    row_sums(x, stack, sums)
+    plan, partial = pairwise_plan(n), np.empty(64, np.float32)
     for r in range(rows):
-        mean[r] = f32(sums[0, r] / count)
-    for r in range(rows):
-        m = mean[r]
+        xr, o = x[r], out[r]
+        m = f32(_row_sum(xr, plan, partial, False) / count)
         for i in range(n):
-            c = f32(x[r, i] - m)
-            out[r, i] = c
-            squares[r, i] = f32(c * c)
-    row_sums(squares, stack, sums)
-    for r in range(rows):
-        var = f32(sums[0, r] / count)
+            o[i] = f32(xr[i] - m)
+        var = f32(_row_sum(o, plan, partial, True) / count)
         s = f32(one / np.sqrt(f32(var + eps)))
-        rstd[r] = s
+        mean[r], rstd[r] = m, s
         if weight.size and bias.size:  # one loop per case: LLVM vectorises each
             for i in range(n):
-                out[r, i] = f32(f32(f32(out[r, i] * s) * weight[i]) + bias[i])
+                o[i] = f32(f32(f32(o[i] * s) * weight[i]) + bias[i])
         elif weight.size:
             for i in range(n):
-                out[r, i] = f32(f32(out[r, i] * s) * weight[i])
+                o[i] = f32(f32(o[i] * s) * weight[i])
         elif bias.size:
             for i in range(n):
-                out[r, i] = f32(f32(out[r, i] * s) + bias[i])
+                o[i] = f32(f32(o[i] * s) + bias[i])
         else:
             for i in range(n):
-                out[r, i] = f32(out[r, i] * s)
+                o[i] = f32(o[i] * s)
 
 
 MAGNITUDE, INF_BITS = np.int32(0x7FFFFFFF), np.int32(0x7F800000)
@@ -162,9 +181,9 @@ def subtract_row_max(x, out):
 def divide_by_row_sums(e):
     # e[r] /= sum(e[r]) in place, the sum numpy's (pairwise, float32), e [R, n]
     rows, n = e.shape
-    stack, sums = np.empty((3, 64), np.int64), np.empty((64, rows), np.float32)
-    row_sums(e, stack, sums)
+    plan, partial = pairwise_plan(n), np.empty(64, np.float32)
     for r in range(rows):
-        s = sums[0, r]
+        row = e[r]
+        s = _row_sum(row, plan, partial, False)
         for i in range(n):
-            e[r, i] = np.float32(e[r, i] / s)
+            row[i] = np.float32(row[i] / s)
