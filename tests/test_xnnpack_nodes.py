@@ -117,6 +117,11 @@ CASES = {
     "static_int8_classifier": dict(model="(lambda fc: (nn.init.uniform_(fc.weight, -1, 1), fc)[1])(nn.Linear(3072, 64))",
                                    inputs="(torch.randn(1, 3072) * 3,)", quant="static",
                                    nodes=["FullyConnected"], datatypes=["qint8"], exact=True),
+    # an encoder's attention without the SDPA op: two batched products (queries @ keys.T, then
+    # @ values) on the conv GEMM's tiles, the batch of heads one job for both cores
+    "attention_products": dict(model="Fn(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)",
+                               inputs="(torch.randn(1, 4, 24, 16), torch.randn(1, 4, 24, 16), torch.randn(1, 4, 24, 16))",
+                               nodes=["BatchMatrixMultiply"], datatypes=["fp32"]),
     "int8_int4_group32": dict(model="nn.Sequential(nn.Linear(64, 24, bias=False))",
                               inputs="(torch.randn(2, 3, 64),)", quant="int4:32", nodes=["FullyConnected"],
                               datatypes=["qdint8", "qbint4"]),
@@ -310,3 +315,35 @@ def test_a_classifiers_one_row_is_a_shared_mat_vec(programs, name, runs, monkeyp
     assert len(calls) == runs and sum(k for _, k in calls) == (640 if runs == 1 else 3072)
     np.testing.assert_allclose(got[0].astype(np.float64), expected[0].astype(np.float64), rtol=0,
                                atol=0 if runs > 1 else 1e-5 * float(np.abs(expected[0]).max()))
+
+
+def test_an_attentions_batched_products_and_many_row_linears_run_on_the_gemm_tiles(programs, monkeypatch):
+    """Batches of fp32 products of 6 rows or more (the heads' queries @ keys.T, then @ values) and
+    fp32 FullyConnected nodes of 6 rows or more run on the conv GEMM's tiles (both cores'
+    kernels), not BLAS, and still give ExecuTorch's outputs within float32 rounding."""
+    from execupy.kernels.fast import conv as FC
+
+    if FC.BACKEND != "numba":
+        pytest.skip("numba (the `fast` extra) is not installed")
+    calls = []
+    real_batch, real_gemm = FC.batch_product_kernel, FC.gemm_kernel
+
+    def batch_product_kernel(transpose_b):
+        product = real_batch(transpose_b)
+        return lambda a, b: calls.append(("batch", transpose_b, a.shape, b.shape)) or product(a, b)
+
+    def gemm_kernel(w, bias, lo, hi, requantized=None):
+        product = real_gemm(w, bias, lo, hi, requantized)
+        return lambda rows: calls.append(("gemm", rows.shape, w.shape)) or product(rows)
+
+    monkeypatch.setattr(FC, "batch_product_kernel", batch_product_kernel)
+    monkeypatch.setattr(FC, "gemm_kernel", gemm_kernel)
+    folder, report = programs
+    for name in ("attention_products", "fp32_linear_bias"):
+        assert report[name] == "ok", f"ExecuTorch could not lower or run the case: {report[name]}"
+        _, expected, got = worker_case_outputs(folder, name)
+        np.testing.assert_allclose(got[0].astype(np.float64), expected[0].astype(np.float64), rtol=0,
+                                   atol=1e-5 * float(np.abs(expected[0]).max()))
+    # (ExecuTorch's lowering transposes the keys in a node of its own: both products read B as it lies)
+    assert calls == [("batch", False, (4, 24, 16), (4, 16, 24)), ("batch", False, (4, 24, 24), (4, 24, 16)),
+                     ("gemm", (10, 16), (16, 40)), ("gemm", (10, 40), (40, 40)), ("gemm", (10, 40), (40, 8))]

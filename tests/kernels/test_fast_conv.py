@@ -387,10 +387,48 @@ def test_the_second_threads_part_of_a_gemm_computes_what_one_thread_does(m, k, n
     expected, ours = new_out(), new_out()
     G.windows_product(*args, expected)
     job, xbuf = np.zeros(S.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
-    S.windows_job(job, xbuf, *args, ours)
+    S.windows_job(job, xbuf, *args, ours, 1)
     _thread_part(S.WINDOWS_CHUNKS, job, xbuf)
     np.testing.assert_array_equal(ours, expected)
     assert len(np.unique(expected)) > 10
+
+
+@pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
+@pytest.mark.parametrize("transpose_b", [True, False])
+@pytest.mark.parametrize("h, m, k, n", [(4, 128, 64, 128), (3, 7, 5, 20), (2, 30, 16, 100)])
+def test_a_batch_of_products_is_one_job_whose_chunks_give_each_products_bits(transpose_b, h, m, k, n):
+    """An encoder's attention (queries @ keys.T, probabilities @ values): each B laid out as the
+    tiles' panels (batch_panels: panels() of each), the batch one job; the thread's C function,
+    taking every chunk, writes each product's one-thread bits, and those are BLAS's within float32
+    rounding."""
+    from execupy.kernels.fast import conv_shared_jit as S, gemm_jit as G
+
+    if S.WINDOWS_CHUNKS is None:
+        pytest.skip("no FMA: the GEMM tiles do not run")
+    rng = np.random.default_rng(h * m + n)
+    a = rng.standard_normal((h, m, k)).astype(np.float32)
+    b = rng.standard_normal((h, n, k) if transpose_b else (h, k, n)).astype(np.float32)
+    matrices = [b[i].T if transpose_b else b[i] for i in range(h)]
+    p = -(-n // 16)
+    w = np.full((h * p, k, 16), np.nan, np.float32)
+    G.batch_panels(b, transpose_b, w)
+    np.testing.assert_array_equal(w, np.concatenate([G.panels(np.ascontiguousarray(B)) for B in matrices]))
+    f32, zeros = np.float32, np.zeros(p * 16, np.float32)
+    bases, offsets = np.arange(0, m * k, k, dtype=np.int64), np.arange(k, dtype=np.int64)
+    expected = np.stack([np.empty((m, n), np.float32) for _ in range(h)])
+    for i in range(h):
+        G.windows_product(a[i].reshape(-1), bases, offsets, w[i * p:(i + 1) * p], zeros, zeros, f32(0), f32(-np.inf),
+                          f32(np.inf), False, expected[i])
+    np.testing.assert_allclose(expected, np.matmul(a, np.stack(matrices)), rtol=1e-5, atol=1e-5)
+    ours = np.full((h * m, n), np.nan, np.float32)
+    job, xbuf = np.zeros(S.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
+    S.windows_job(job, xbuf, a.reshape(-1), bases, offsets, w, zeros, zeros, f32(0), f32(-np.inf), f32(np.inf), False,
+                  ours, h)
+    _thread_part(S.WINDOWS_CHUNKS, job, xbuf)
+    np.testing.assert_array_equal(ours.reshape(h, m, n), expected)
+    product = FC.batch_product_kernel(transpose_b)  # the kernel the nodes call: both cores where the rule allows
+    for _ in range(5):
+        np.testing.assert_array_equal(product(a, b), expected)
 
 
 @pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
@@ -437,7 +475,7 @@ def test_convs_shared_with_the_second_thread_give_one_threads_bits():
         for args, new_out in cases:
             expected, ours = new_out(), new_out()
             G.windows_product(*args, expected)
-            SECOND_THREAD.call(S.windows_shared, (S.WINDOWS_CHUNKS.address, SECOND_THREAD.job, *args, ours), True)
+            SECOND_THREAD.call(S.windows_shared, (S.WINDOWS_CHUNKS.address, SECOND_THREAD.job, *args, ours, 1), True)
             np.testing.assert_array_equal(ours, expected)
         ours = np.empty_like(dw_expected)
         SECOND_THREAD.call(S.nhwc_3x3_shared, (S.NHWC_3X3_CHUNKS[0].address, SECOND_THREAD.job, 0, *dw_args, ours), True)

@@ -41,6 +41,7 @@ ALIGN_CORNERS = 0x8
 TENSORFLOW_LEGACY_MODE = 0x4
 # Static sizes a node may produce; a hostile graph must not make us allocate without bound.
 MAX_STATIC_ELEMENTS = 1 << 28
+TILED_MIN_ROWS = 6  # rows from which an fp32 product runs on the conv GEMM's tiles (gemm_jit.TILE_ROWS)
 
 
 @dataclass
@@ -397,7 +398,21 @@ def _concatenate(node: Node, g) -> Step:
 
 def _batch_matmul(node: Node, g) -> Step:
     transpose_b, site = bool(node.fields["flags"] & TRANSPOSE_WEIGHTS), CallSite()
-    return _binary(lambda a, b: blas_threads.matmul(site, a, np.swapaxes(b, -1, -2) if transpose_b else b))(node, g)
+    # float32 batches of TILE_ROWS rows or more (an encoder's attention): the conv GEMM's tiles,
+    # the whole batch one job for both cores; BLAS multiplied each head's small matrices on one
+    # thread, and on two its worker then spun beside the second core's thread
+    tiles = FC.batch_product_kernel(transpose_b) if FC.BACKEND == "numba" else None
+
+    def product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if (tiles is not None and a.dtype == F32 and b.dtype == F32 and a.ndim >= 3 and a.shape[:-2] == b.shape[:-2]
+                and a.shape[-2] >= TILED_MIN_ROWS and a.shape[-1] == b.shape[-1 if transpose_b else -2] > 0):
+            m, k = a.shape[-2:]
+            # b as it lies (a transposed view of the keys: batch_panels reads any strides)
+            y = tiles(np.ascontiguousarray(a).reshape(-1, m, k), b.reshape((-1,) + b.shape[-2:]))
+            return y.reshape(a.shape[:-1] + y.shape[-1:])
+        return blas_threads.matmul(site, a, np.swapaxes(b, -1, -2) if transpose_b else b)
+
+    return _binary(product)(node, g)
 
 
 def _sdpa(node: Node, g) -> Step:
@@ -457,9 +472,22 @@ def _fully_connected(node: Node, g) -> Step:
             f"XnnpackBackend: FullyConnected with {x_val.datatype} input and {w_val.datatype} filter")
     wt = np.ascontiguousarray(w.astype(F32).T)
     k, n = wt.shape
+    tiled = FC.BACKEND == "numba" and x_val.datatype == out_val.datatype == "fp32" and (
+        not has_bias or (b_id in g.constants and g.constants[b_id].shape == (n,)))
+    if tiled:
+        return _fc_tiled(node, g, wt, g.constants[b_id].astype(F32) if has_bias else None,
+                         _fc_plain(node, g, wt, has_bias))
     if (has_bias and b_id in g.constants and g.constants[b_id].shape == (n,) and n >= k
             and x_val.datatype == out_val.datatype == "fp32"):
         return _fc_bias_folded(node, g, wt, g.constants[b_id].astype(F32))
+    return _fc_plain(node, g, wt, has_bias)
+
+
+def _fc_plain(node: Node, g, wt: np.ndarray, has_bias: bool) -> Step:
+    """An fp32 FullyConnected on BLAS (wt [in, out]), one row on both cores' shared mat-vec."""
+    f = node.fields
+    x_id, b_id, out = f["input1_id"], f["bias_id"], f["output_id"]
+    k, n = wt.shape
     bias = g.loader(b_id) if has_bias else None
     load, store, site = g.loader(x_id), g.storer(out, node), CallSite()
     matvec = dense.matvec_kernel(decode_steps=False) if wt.nbytes >= dense.SHARE_MIN_BYTES else None
@@ -480,6 +508,27 @@ def _fully_connected(node: Node, g) -> Step:
         if bias is not None:
             y += bias(vals)
         vals[out] = store(y)
+
+    return step
+
+
+def _fc_tiled(node: Node, g, wt: np.ndarray, bias: Optional[np.ndarray], few_rows: Step) -> Step:
+    """An fp32 FullyConnected of TILED_MIN_ROWS rows or more (an encoder's 128 tokens) on the conv
+    GEMM's tiles (conv.gemm_kernel): bias and clamp in registers, XNNPACK's order of sums (bias,
+    then each input in turn), both cores through the second core's thread. Fewer rows: `few_rows`.
+    On BLAS's two threads its worker spun after each product beside that thread."""
+    f = node.fields
+    x_id, out = f["input1_id"], f["output_id"]
+    k, n = wt.shape
+    gemm = FC.gemm_kernel(wt, bias, node.output_min, node.output_max)
+
+    def step(vals: list) -> None:
+        x = vals[x_id]
+        rows = x.size // k if x.ndim and x.shape[-1] == k else 0
+        if rows < TILED_MIN_ROWS or x.dtype != F32:
+            few_rows(vals)
+            return
+        vals[out] = gemm(x.reshape(rows, k)).reshape(x.shape[:-1] + (n,))
 
     return step
 

@@ -43,6 +43,11 @@ requantization steps).
 windows read in place (an implicit im2col): (x, bases, offsets) -> rows r of
 x.flat[bases[r] + offsets[k]] times w, x float32 C-ordered (the padded input), bases and offsets
 int64 element offsets.
+`batch_product_kernel(transpose_b)` is a batch of such products with no epilogue (an encoder's
+attention: queries @ keys.T, then probabilities @ values): (a [H, M, K], b [H, K, N], or
+[H, N, K] with transpose_b) -> a[h] @ b[h] (or @ b[h].T) [H, M, N], float32 C-ordered. numpy's
+is np.matmul; the compiled one lays each B out as the tiles' panels at every call (an operand
+computed by the call before) and shares the whole batch between the two cores as one job.
 `pad_into(x, x_zero, top, left, xp)` writes x - x_zero inside a zero border already in xp:
 numpy's copy from a transposed NCHW input (a CNN's first layer) runs ~5x slower.
 
@@ -167,11 +172,15 @@ def _depthwise_nhwc_kernel_numpy(w: np.ndarray, stride: tuple[int, int], dilatio
     return lambda x, out: _depthwise_nhwc_numpy(x, w, stride, dilation, pads, x_zero, out, bias, lo, hi)
 
 
+def _batch_product_kernel_numpy(transpose_b: bool) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    return lambda a, b: np.matmul(a, np.swapaxes(b, -1, -2) if transpose_b else b)
+
+
 NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwise_nhwc": _depthwise_nhwc_numpy,
                               "depthwise_nhwc_kernel": _depthwise_nhwc_kernel_numpy, "bias_clamp": _bias_clamp_numpy,
                               "bias_clamp_kernel": _bias_clamp_kernel_numpy, "gemm_kernel": _gemm_kernel_numpy,
                               "windows_kernel": _windows_kernel_numpy, "pad_into": _pad_into_numpy,
-                              "requantize": _requantize_numpy}
+                              "requantize": _requantize_numpy, "batch_product_kernel": _batch_product_kernel_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
@@ -332,7 +341,7 @@ def _compile() -> Optional[dict[str, Callable]]:
         def windows(x, bases, offsets):
             out = np.empty((bases.shape[0], n), storage)
             thread.run(S.windows_shared, (S.WINDOWS_CHUNKS.address, thread.job, x.reshape(-1), bases, offsets, *args,
-                                          out.view(np.int8) if args[-1] else out), site)
+                                          out.view(np.int8) if args[-1] else out, 1), site)
             return out
 
         return windows
@@ -366,6 +375,34 @@ def _compile() -> Optional[dict[str, Callable]]:
 
         return product
 
+    def batch_product_kernel(transpose_b):
+        from . import gemm_jit as G
+
+        if not G.FMA:
+            return _batch_product_kernel_numpy(transpose_b)
+        S, thread = both_cores()
+        site, f32 = cores.CallSite(), np.float32
+        layout = {}  # (H, M, K, N) -> the panels' buffer, bases, offsets, zero bias: the last shape's
+
+        def product(a, b):
+            h, m, k = a.shape
+            n = b.shape[1] if transpose_b else b.shape[2]
+            key = (h, m, k, n)
+            if key not in layout:
+                p = -(-n // G.LANES)
+                layout.clear()
+                layout[key] = (np.empty((h * p, k, G.LANES), f32), np.arange(0, m * k, k, dtype=np.int64),
+                               np.arange(k, dtype=np.int64), np.zeros(p * G.LANES, f32))
+            w, bases, offsets, zeros = layout[key]
+            G.batch_panels(b, transpose_b, w)
+            out = np.empty((h, m, n), f32)
+            thread.run(S.windows_shared, (S.WINDOWS_CHUNKS.address, thread.job, a.reshape(-1), bases, offsets, w, zeros,
+                                          zeros, f32(0), f32(-np.inf), f32(np.inf), False, out.reshape(h * m, n), h),
+                       site)
+            return out
+
+        return product
+
     def pad_into(x, x_zero, top, left, xp):
         s = x.strides
         K.pad_into(x, xp.dtype.type(x_zero), top, left, abs(s[3]) > abs(s[2]), xp)
@@ -374,10 +411,10 @@ def _compile() -> Optional[dict[str, Callable]]:
     return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc,
             "depthwise_nhwc_kernel": depthwise_nhwc_kernel, "bias_clamp": bias_clamp,
             "bias_clamp_kernel": bias_clamp_kernel, "gemm_kernel": gemm_kernel, "windows_kernel": windows_kernel,
-            "pad_into": pad_into, "requantize": requantize}
+            "pad_into": pad_into, "requantize": requantize, "batch_product_kernel": batch_product_kernel}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if numba_enabled() else None
 BACKEND = "numba" if NUMBA is not None else "numpy"
 (depthwise_nchw, depthwise_nhwc, depthwise_nhwc_kernel, bias_clamp, bias_clamp_kernel, gemm_kernel, windows_kernel,
- pad_into, requantize) = ((NUMBA or NUMPY)[name] for name in NUMPY)
+ pad_into, requantize, batch_product_kernel) = ((NUMBA or NUMPY)[name] for name in NUMPY)

@@ -18,54 +18,74 @@ from numba import types
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .conv_jit import nhwc_3x3_rows, nhwc_3x3_vectors
-from .gemm_jit import FMA, LANES, TILE_PANELS, TILE_ROWS, windows_block, windows_product
+from .gemm_jit import FMA, LANES, TILE_PANELS, TILE_ROWS, windows_block
 from .second_thread_jit import FIELDS, JOB_SLOTS, _pointer, join_chunks, next_chunk, open_chunks, post_chunks
 
 _CFUNC = types.void(*[types.int64] * 12)  # second_thread_jit's CALL: the job's fields, xbuf, scratch
 
-# ---------------------------------------------------------------- 1x1 and im2col convs
+# ---------------------------------------------------------------- 1x1 and im2col convs, batched products
 # GEMM tiles (gemm_jit): the caller and the second core's thread take chunks, each written straight into out: blocks of
 # rows when X is the larger operand (each thread then reads all of W and its own rows), of panels
 # when W is (a few pixels times a wide filter: each reads all of X and its own columns of W).
+# A batch of products (an encoder's attention: one per head) is one job, its chunks those of
+# each product in turn: product h reads x[h * x_stride:], panels w[h * P:] and writes out[h * M:].
 # The job block's fields: the addresses (and sizes) of x, bases, offsets, the panels, bias, scale
-# and out; requantize; the chunks' rows and panels. The float32 zero, lo, hi ride in xbuf[:3].
+# and out; requantize; the chunks' rows and panels; the batch and x's stride. The float32 zero,
+# lo, hi ride in xbuf[:3].
 (X_AT, X_SIZE, BASES_AT, M_, OFFSETS_AT, K_, W_AT, P_, BIAS_AT, SCALE_AT, OUT_AT, N_, REQUANTIZE, CHUNK_ROWS,
- CHUNK_PANELS) = range(FIELDS, FIELDS + 15)
+ CHUNK_PANELS, BATCH, X_STRIDE) = range(FIELDS, FIELDS + 17)
 CHUNKS_PER_THREAD = 8  # a thread's share in about this many chunks: a late thread still finds some left
 
 
 @numba.njit(cache=True, inline="always")
-def _chunking(m, p_):
+def _chunking(m, p_, batch):
     """(rows, panels) of a chunk: whole tiles of rows, or an even number of panels."""
-    chunks = 2 * CHUNKS_PER_THREAD
+    chunks = max(1, 2 * CHUNKS_PER_THREAD // batch)
     if p_ * LANES > m:  # W read more than X
         return m, TILE_PANELS * max(1, -(-p_ // (TILE_PANELS * chunks)))
     return TILE_ROWS * max(1, -(-m // (TILE_ROWS * chunks))), p_
 
 
 @numba.njit(cache=True, inline="always")
+def _product_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, h, x_stride, p_, r0, r1, p0,
+                   p1):
+    """Rows r0..r1 x panels p0..p1 of product h of a batch (windows_block on its slices: x_stride
+    values of x, p_ panels of w, M = bases.shape[0] rows of out)."""
+    m = bases.shape[0]
+    windows_block(x[h * x_stride:(h + 1) * x_stride], bases, offsets, w[h * p_:(h + 1) * p_], bias, scale, zero, lo,
+                  hi, requantize, out[h * m:(h + 1) * m], r0, r1, p0, p1)
+
+
+@numba.njit(cache=True, inline="always")
 def _take_chunks(job, from_back, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out):
-    m, p_, rows, panels = bases.shape[0], w.shape[0], job[CHUNK_ROWS], job[CHUNK_PANELS]
+    m, p_, rows, panels, x_stride = bases.shape[0], job[P_], job[CHUNK_ROWS], job[CHUNK_PANELS], job[X_STRIDE]
     across = -(-p_ // panels)
+    per_product = -(-m // rows) * across
     while True:
         c = next_chunk(job, from_back)
         if c < 0:
             return
+        h, c = c // per_product, c % per_product
         r0, p0 = (c // across) * rows, (c % across) * panels
-        windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, r0, min(m, r0 + rows),
-                      p0, min(p_, p0 + panels))
+        _product_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, h, x_stride, p_,
+                       r0, min(m, r0 + rows), p0, min(p_, p0 + panels))
 
 
 @numba.njit(cache=True, nogil=True)
 def windows_shared(ctrl, xbuf, scratch, fn, job, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out,
-                   share):
-    """windows_product, with `share` its chunks taken by this thread and the second core's (fn:
-    WINDOWS_CHUNKS's address; job: the second thread's job block, which only a sharing call may
-    use). The same bits either way. Returns 0 (nothing is taken back)."""
+                   batch, share):
+    """windows_product over a batch of `batch` products (product h: x[h * x.size // batch:],
+    panels w[h * P:], out[h * M:], with P = w.shape[0] // batch and M = bases.shape[0]), with
+    `share` its chunks taken by this thread and the second core's (fn: WINDOWS_CHUNKS's address;
+    job: the second thread's job block, which only a sharing call may use). The same bits either
+    way. Returns 0 (nothing is taken back)."""
     if not share:
-        windows_product(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out)
+        m, p_, x_stride = bases.shape[0], w.shape[0] // batch, x.shape[0] // batch
+        for h in range(batch):
+            _product_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, h, x_stride, p_, 0, m,
+                           0, p_)
         return 0
-    windows_job(job, xbuf, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out)
+    windows_job(job, xbuf, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, batch)
     seq = post_chunks(ctrl, job, fn)
     _take_chunks(job, False, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out)
     join_chunks(ctrl, seq)
@@ -73,34 +93,35 @@ def windows_shared(ctrl, xbuf, scratch, fn, job, x, bases, offsets, w, bias, sca
 
 
 @numba.njit(cache=True)
-def windows_job(job, xbuf, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out):
-    """Write windows_product's call into a job block (and xbuf), its chunks opened."""
-    m, p_ = bases.shape[0], w.shape[0]
-    rows, panels = _chunking(m, p_)
+def windows_job(job, xbuf, x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, batch):
+    """Write windows_shared's call into a job block (and xbuf), its chunks opened."""
+    m, p_ = bases.shape[0], w.shape[0] // batch
+    rows, panels = _chunking(m, p_, batch)
     job[X_AT], job[X_SIZE], job[BASES_AT], job[M_] = x.ctypes.data, x.shape[0], bases.ctypes.data, m
     job[OFFSETS_AT], job[K_], job[W_AT], job[P_] = offsets.ctypes.data, offsets.shape[0], w.ctypes.data, p_
     job[BIAS_AT], job[SCALE_AT], job[OUT_AT], job[N_] = bias.ctypes.data, scale.ctypes.data, out.ctypes.data, out.shape[1]
     job[REQUANTIZE], job[CHUNK_ROWS], job[CHUNK_PANELS] = requantize, rows, panels
+    job[BATCH], job[X_STRIDE] = batch, x.shape[0] // batch
     xbuf[0], xbuf[1], xbuf[2] = zero, lo, hi
-    open_chunks(job, -(-m // rows) * -(-p_ // panels))
+    open_chunks(job, batch * -(-m // rows) * -(-p_ // panels))
 
 
 def _windows_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
     # windows_shared's job on the second core's thread: its arrays again from the job block
     job = numba.carray(_pointer(job_at), JOB_SLOTS, np.int64)
     consts = numba.carray(_pointer(xbuf_at), 3, np.float32)
-    m, k, p_, n = job[M_], job[K_], job[P_], job[N_]
+    m, k, p_, n, batch = job[M_], job[K_], job[P_], job[N_], job[BATCH]
     x = numba.carray(_pointer(job[X_AT]), job[X_SIZE], np.float32)
     bases = numba.carray(_pointer(job[BASES_AT]), m, np.int64)
     offsets = numba.carray(_pointer(job[OFFSETS_AT]), k, np.int64)
-    w = numba.carray(_pointer(job[W_AT]), (p_, k, LANES), np.float32)
+    w = numba.carray(_pointer(job[W_AT]), (batch * p_, k, LANES), np.float32)
     bias = numba.carray(_pointer(job[BIAS_AT]), p_ * LANES, np.float32)
     scale = numba.carray(_pointer(job[SCALE_AT]), p_ * LANES, np.float32)
     if job[REQUANTIZE]:  # int8 or uint8 outputs: the same bytes (values clamped to the type's range)
-        out = numba.carray(_pointer(job[OUT_AT]), (m, n), np.int8)
+        out = numba.carray(_pointer(job[OUT_AT]), (batch * m, n), np.int8)
         _take_chunks(job, True, x, bases, offsets, w, bias, scale, consts[0], consts[1], consts[2], True, out)
     else:
-        out32 = numba.carray(_pointer(job[OUT_AT]), (m, n), np.float32)
+        out32 = numba.carray(_pointer(job[OUT_AT]), (batch * m, n), np.float32)
         _take_chunks(job, True, x, bases, offsets, w, bias, scale, consts[0], consts[1], consts[2], False, out32)
 
 
@@ -182,5 +203,5 @@ NHWC_3X3_CHUNKS = tuple(numba.cfunc(_CFUNC, cache=True)(_nhwc_3x3_chunks_of(dtyp
 
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
-# windows_product and nhwc_3x3_vectors are compiled inside them).
+# gemm_jit's windows_block and conv_jit's nhwc_3x3_vectors are compiled inside them).
 KERNELS = {"windows_shared": windows_shared, "nhwc_3x3_shared": nhwc_3x3_shared}

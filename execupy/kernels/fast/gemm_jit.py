@@ -125,6 +125,29 @@ def panels(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, count, LANES).transpose(1, 0, 2))
 
 
+@numba.njit(cache=True, nogil=True)
+def batch_panels(b, transpose, w):
+    """panels() of each matrix of a batch, into w [H * P, K, 16]: B_h = b[h] [K, N], or b[h].T
+    with `transpose` (b [H, N, K]: an attention's keys for queries @ keys.T). Zeros past N."""
+    batch, k, n = b.shape[0], b.shape[2] if transpose else b.shape[1], b.shape[1] if transpose else b.shape[2]
+    count = w.shape[0] // batch
+    for h in range(batch):
+        for p in range(count):
+            panel = w[h * count + p]
+            width = min(LANES, n - p * LANES)
+            if width < LANES:
+                panel[:, width:] = 0
+            if transpose:  # column j of B_h is row j of b[h]: read along it, write down the panel
+                for j in range(width):
+                    row = b[h, p * LANES + j]
+                    for kk in range(k):
+                        panel[kk, j] = row[kk]
+            else:
+                for kk in range(k):
+                    for j in range(width):
+                        panel[kk, j] = b[h, kk, p * LANES + j]
+
+
 # The four tile shapes of each kind: TILE_ROWS x TILE_PANELS, TILE_ROWS x 1, 1 x TILE_PANELS, 1 x 1
 # (module-level names: numba's disk cache does not match a kernel calling a closure's dispatcher).
 _F_FULL_PAIR, _F_FULL_ONE, _F_ROW_PAIR, _F_ROW_ONE = (_tile(r, p, False) for r in (TILE_ROWS, 1)
