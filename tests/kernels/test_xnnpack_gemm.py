@@ -72,6 +72,30 @@ def test_a_prompts_product_shared_with_the_second_thread_equals_one_thread(m, wi
         np.testing.assert_array_equal(shared, alone)
 
 
+# BERT's 128 tokens x 256 -> 1024; a partial last panel and rows left over; more panels than chunks
+@pytest.mark.parametrize("m, n, k", [(128, 1024, 256), (37, 100, 64), (9, 1280, 64)])
+def test_a_prompts_channelwise_product_shared_with_the_second_thread_equals_one_thread(m, n, k):
+    """qd8 x qc8w through vpdpbusd in chunks of (panel, rows) taken by the caller and the second
+    core's thread (from the two ends): the thread's C function rebuilds the call from the job
+    block; a chunk's outputs depend on the chunk alone, so the bits are the numpy reference's."""
+    from execupy.kernels.fast import xnnpack_gemm_jit as K
+    from execupy.kernels.fast.second_thread import SECOND_THREAD
+
+    if not XG.NUMBA["vnni"]:
+        pytest.skip("this CPU (or numba's target) has no AVX512-VNNI")
+    rng = np.random.default_rng(m + n)
+    q, zp, scale = _activations(rng, m, k)
+    w = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    w_scale, bias = (rng.random(n) * 0.01).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    words, wsum = XG.channelwise_words(w)
+    reference = XG.gemm_channelwise_numpy(q, zp, scale, w, w_scale, bias)
+    for share in (False,) + (True,) * 10:  # the thread spins after the first shared call
+        out = np.full((m, n), np.nan, np.float32)
+        SECOND_THREAD.call(K.channelwise_rows, (K.CHANNELWISE_CHUNKS.address, SECOND_THREAD.job, q, zp, scale, words,
+                                                wsum, w_scale, bias, out), share)
+        np.testing.assert_array_equal(out, reference)
+
+
 @pytest.mark.parametrize("variant", ["_chains_float", "_chains_vnni"])
 def test_both_panel_kernels_equal_numpy(variant):
     """The decode mat-vec's panels, through vpdpbusd where the CPU has AVX512-VNNI and through
@@ -308,6 +332,8 @@ if XG.NUMBA["vnni"]:  # the second thread's half of a prompt's rows: a C functio
     from types import SimpleNamespace as NS
     hits = K.BLOCKWISE_SECOND_HALF.cache_hits
     K.KERNELS["BLOCKWISE_SECOND_HALF"] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
+    hits = K.CHANNELWISE_CHUNKS.cache_hits
+    K.KERNELS["CHANNELWISE_CHUNKS"] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
 """
 
 
@@ -320,7 +346,7 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from execupy.kernels.fast.vnni_jit import VNNI
 
     # a prompt's rows: through vpdpbusd (the second thread's half a C function) where the CPU has it
-    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows", "BLOCKWISE_SECOND_HALF"} if VNNI
+    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows", "BLOCKWISE_SECOND_HALF", "CHANNELWISE_CHUNKS"} if VNNI
                       else {"blockwise_tiles", "blockwise_tiles_parallel"})
     assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "channelwise", "scale_sums",
                           "quantize_rows"} | prompt_kernels

@@ -355,17 +355,19 @@ def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarr
         [np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     """(q, zp, x_scale) -> gemm_channelwise with w int8 [N, K] (signed), bound once: with
     AVX512-VNNI a prompt's rows (from vnni_jit.ROWS on) run through vpdpbusd on weights laid out
-    for it here (xnnpack_gemm_jit.channelwise_rows), on one thread; other calls as
-    gemm_channelwise."""
+    for it here (xnnpack_gemm_jit.channelwise_rows), from PARALLEL_MIN_MACS multiply-adds on both
+    cores while kernels/cores.py's rule allows; other calls as gemm_channelwise."""
     w_scale = np.ascontiguousarray(w_scale, F32)
     general = lambda q, zp, x_scale: gemm_channelwise(q, zp, x_scale, w, w_scale, bias)
     if NUMBA is None or not NUMBA["vnni"] or w.shape[1] > MAX_VNNI_INPUTS:
         return general
     from . import xnnpack_gemm_jit as K
+    from .second_thread import SECOND_THREAD
 
     words, wsum = channelwise_words(w)
-    n = w.shape[0]
+    n, k = w.shape
     bias_or_zeros = np.zeros(n, F32) if bias is None else np.ascontiguousarray(bias, F32)
+    site = cores.PerRow()
 
     def product(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray) -> np.ndarray:
         m = q.shape[0]
@@ -373,7 +375,9 @@ def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarr
             return general(q, zp, x_scale)
         q, zp, x_scale = np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32), np.asarray(x_scale, F32)
         out = np.empty((m, n), F32)
-        K.channelwise_rows(q, zp, x_scale, words, wsum, w_scale, bias_or_zeros, out)
+        SECOND_THREAD.run(K.channelwise_rows, (K.CHANNELWISE_CHUNKS.address, SECOND_THREAD.job, q, zp, x_scale, words,
+                                               wsum, w_scale, bias_or_zeros, out),
+                          _prompt_site(site, m, n * k) if m * n * k >= PARALLEL_MIN_MACS else None)
         return out
 
     return product

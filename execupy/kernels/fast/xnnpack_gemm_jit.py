@@ -17,8 +17,9 @@ from .fma_jit import fma32
 from .blockwise_jit import PANEL, VNNI, activation_bytes, activation_bytes_int8, blockwise_panels, blockwise_rows
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
-from .second_thread_jit import (BLOCKWISE, CALL, HERE, JOB, JOB_FN, KIND, TAKEN, THERE, _pointer, cycles, post_job,
-                               publish, second_half_where)
+from .second_thread_jit import (BLOCKWISE, CALL, FIELDS, HERE, JOB, JOB_FN, JOB_SLOTS, KIND, TAKEN, THERE, _pointer,
+                               cycles, join_chunks, next_chunk, open_chunks, post_chunks, post_job, publish,
+                               second_half_where)
 from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
 assert LAID_OUT == PANEL and TILE % PANEL == 0
@@ -241,19 +242,24 @@ if VNNI:
     BLOCKWISE_SECOND_HALF = numba.cfunc(_HALF_SIGNATURE, cache=True)(_blockwise_second_half)
 
 
-# ---------------------------------------------------------------- a prompt's rows, qc8w: one thread
-# (shared with the second core's thread as above, ExecuTorch's int8 BERT ran no faster: its
-# products are small, and the thread then spun beside the attention's BLAS threads)
+# ---------------------------------------------------------------- a prompt's rows, qc8w: both cores
+# Chunks of (panel, block of rows), the caller's from the front and the second core's thread's
+# from the back (second_thread_jit's chunked jobs), each written straight into out. (Shared as
+# halves beside an encoder's attention on BLAS's threads, ExecuTorch's int8 BERT ran no faster:
+# those threads spun beside ours. Its attention now runs on the conv GEMM's tiles and this thread.)
+# The job block's fields: the addresses of the activations' words (and their rows and words a
+# row), zr, x_scale, the weight's words (and panels), wsum, w_scale, bias, out (and outputs);
+# the rows a chunk.
+(CW_XQ_AT, CW_M, CW_QUADS, CW_ZR_AT, CW_XS_AT, CW_WORDS_AT, CW_P, CW_WSUM_AT, CW_WSCALE_AT, CW_BIAS_AT, CW_OUT_AT,
+ CW_N, CW_CHUNK_ROWS) = range(FIELDS, FIELDS + 13)
+CHANNELWISE_CHUNKS_PER_CALL = 16  # about this many chunks a call, shared by both threads
 
 
-@numba.njit(cache=True, nogil=True)
-def channelwise_rows(q, zp, x_scale, words, wsum, w_scale, bias, out):
-    """out [M, N] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI only): the exact
-    sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then scale_sums' float
-    steps, in registers for whole panels (vnni_jit.channel_panel_rows_scaled). words int32
-    [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]."""
+@numba.njit(cache=True, inline="always")
+def _channelwise_activations(q, zp, quads):
+    """q int8 [M, K] as vpdpbusd reads it: int32 [M, quads], byte t of word i the input 4i + t plus
+    128 (qdu8; zeros past K); and each row's zero point + 128."""
     m, k = q.shape
-    n, quads = out.shape[1], words.shape[1]
     xq = np.zeros((m, quads), np.int32)
     xbytes = xq.view(np.uint8)  # byte t of word i is input 4i + t (x86: little-endian), as words are laid out
     for r in range(m):
@@ -262,30 +268,95 @@ def channelwise_rows(q, zp, x_scale, words, wsum, w_scale, bias, out):
     zr = np.empty(m, np.int32)
     for r in range(m):
         zr[r] = np.int32(zp[r]) + np.int32(128)
+    return xq, zr
+
+
+@numba.njit(cache=True, nogil=True)
+def channelwise_block(xq, zr, x_scale, words, wsum, w_scale, bias, out, p0, p1, r0, r1):
+    """Panels p0..p1 x rows r0..r1 of channelwise_rows' out: four rows at a time, then one by one;
+    the last panel, part of it past the outputs, through an int32 scratch."""
+    n = out.shape[1]
     whole = n // PANEL
-    for p in range(whole):
-        r = 0
-        while r + ROWS <= m:
+    for p in range(p0, min(p1, whole)):
+        r = r0
+        while r + ROWS <= r1:
             channel_panel_rows_scaled(words, xq, p, r, zr, x_scale, wsum, w_scale, bias, out)
             r += ROWS
-        while r < m:
+        while r < r1:
             channel_panel_row_scaled(words, xq, p, r, zr, x_scale, wsum, w_scale, bias, out)
             r += 1
-    acc = np.empty((m, PANEL), np.int32)
-    for p in range(whole, words.shape[0]):  # the last panel, part of it past the outputs: through acc
-        r = 0
-        while r + ROWS <= m:
-            channel_panel_rows(words, xq, p, acc, r)
-            r += ROWS
-        while r < m:
-            channel_panel_row(words, xq, p, acc, r)
-            r += 1
-        c0 = p * PANEL
-        for r in range(m):
-            xs, o = x_scale[r], out[r]
-            for j in range(min(PANEL, n - c0)):
-                a = np.float32(acc[r, j] - zr[r] * wsum[c0 + j])
-                o[c0 + j] = fma32(np.float32(a * xs), w_scale[c0 + j], bias[c0 + j])
+    if p1 <= whole:
+        return
+    acc = np.empty((xq.shape[0], PANEL), np.int32)
+    p, c0 = whole, whole * PANEL
+    r = r0
+    while r + ROWS <= r1:
+        channel_panel_rows(words, xq, p, acc, r)
+        r += ROWS
+    while r < r1:
+        channel_panel_row(words, xq, p, acc, r)
+        r += 1
+    for r in range(r0, r1):
+        xs, o = x_scale[r], out[r]
+        for j in range(n - c0):
+            a = np.float32(acc[r, j] - zr[r] * wsum[c0 + j])
+            o[c0 + j] = fma32(np.float32(a * xs), w_scale[c0 + j], bias[c0 + j])
+
+
+@numba.njit(cache=True, inline="always")
+def _channelwise_chunks(job, from_back, xq, zr, x_scale, words, wsum, w_scale, bias, out):
+    m, rows = xq.shape[0], job[CW_CHUNK_ROWS]
+    down = -(-m // rows)
+    while True:
+        c = next_chunk(job, from_back)
+        if c < 0:
+            return
+        p, r0 = c // down, (c % down) * rows
+        channelwise_block(xq, zr, x_scale, words, wsum, w_scale, bias, out, p, p + 1, r0, min(m, r0 + rows))
+
+
+@numba.njit(cache=True, nogil=True)
+def channelwise_rows(ctrl, xbuf, scratch, fn, job, q, zp, x_scale, words, wsum, w_scale, bias, out, share):
+    """out [M, N] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI only): the exact
+    sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then scale_sums' float
+    steps, in registers for whole panels (vnni_jit.channel_panel_rows_scaled). words int32
+    [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]. With `share` its chunks taken
+    by this thread and the second core's (fn: CHANNELWISE_CHUNKS's address; job: the second
+    thread's job block, which only a sharing call may use). The same bits either way. Returns 0."""
+    m, panels = q.shape[0], words.shape[0]
+    xq, zr = _channelwise_activations(q, zp, words.shape[1])
+    if not share:
+        channelwise_block(xq, zr, x_scale, words, wsum, w_scale, bias, out, 0, panels, 0, m)
+        return 0
+    rows = ROWS * max(1, -(-m // (ROWS * max(1, CHANNELWISE_CHUNKS_PER_CALL // panels))))
+    job[CW_XQ_AT], job[CW_M], job[CW_QUADS], job[CW_ZR_AT] = xq.ctypes.data, m, xq.shape[1], zr.ctypes.data
+    job[CW_XS_AT], job[CW_WORDS_AT], job[CW_P], job[CW_WSUM_AT] = x_scale.ctypes.data, words.ctypes.data, panels, wsum.ctypes.data
+    job[CW_WSCALE_AT], job[CW_BIAS_AT], job[CW_OUT_AT] = w_scale.ctypes.data, bias.ctypes.data, out.ctypes.data
+    job[CW_N], job[CW_CHUNK_ROWS] = out.shape[1], rows
+    open_chunks(job, panels * -(-m // rows))
+    seq = post_chunks(ctrl, job, fn)
+    _channelwise_chunks(job, False, xq, zr, x_scale, words, wsum, w_scale, bias, out)
+    join_chunks(ctrl, seq)
+    return 0
+
+
+def _channelwise_thread_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, _xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
+    # channelwise_rows' job on the second core's thread: its arrays again from the job block
+    job = numba.carray(_pointer(job_at), JOB_SLOTS, np.int64)
+    m, quads, panels, n = job[CW_M], job[CW_QUADS], job[CW_P], job[CW_N]
+    _channelwise_chunks(job, True, numba.carray(_pointer(job[CW_XQ_AT]), (m, quads), np.int32),
+                        numba.carray(_pointer(job[CW_ZR_AT]), m, np.int32),
+                        numba.carray(_pointer(job[CW_XS_AT]), m, np.float32),
+                        numba.carray(_pointer(job[CW_WORDS_AT]), (panels, quads, PANEL), np.int32),
+                        numba.carray(_pointer(job[CW_WSUM_AT]), panels * PANEL, np.int32),
+                        numba.carray(_pointer(job[CW_WSCALE_AT]), n, np.float32),
+                        numba.carray(_pointer(job[CW_BIAS_AT]), n, np.float32),
+                        numba.carray(_pointer(job[CW_OUT_AT]), (m, n), np.float32))
+
+
+# The thread's part as a C function, only where the CPU has AVX512-VNNI (as BLOCKWISE_SECOND_HALF).
+if VNNI:
+    CHANNELWISE_CHUNKS = numba.cfunc(_HALF_SIGNATURE, cache=True)(_channelwise_thread_chunks)
 
 
 @numba.njit(parallel=True, cache=True)
