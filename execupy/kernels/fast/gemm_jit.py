@@ -148,12 +148,18 @@ def batch_panels(b, transpose, w):
                         panel[kk, j] = b[h, kk, p * LANES + j]
 
 
-# The four tile shapes of each kind: TILE_ROWS x TILE_PANELS, TILE_ROWS x 1, 1 x TILE_PANELS, 1 x 1
-# (module-level names: numba's disk cache does not match a kernel calling a closure's dispatcher).
+# The tile shapes of each kind: TILE_ROWS x TILE_PANELS, TILE_ROWS x 1, 1 x TILE_PANELS, 1 x 1, and
+# 2..5 x TILE_PANELS for the rows left after the last full tile (module-level names: numba's disk
+# cache does not match a kernel calling a closure's dispatcher). One row's two chains of fmas
+# wait on each other's latency: BERT's 128 tokens leave two rows, which took ~28 us of a
+# 128 x 256 x 1024 product one at a time.
 _F_FULL_PAIR, _F_FULL_ONE, _F_ROW_PAIR, _F_ROW_ONE = (_tile(r, p, False) for r in (TILE_ROWS, 1)
                                                       for p in (TILE_PANELS, 1))
 _Q_FULL_PAIR, _Q_FULL_ONE, _Q_ROW_PAIR, _Q_ROW_ONE = (_tile(r, p, True) for r in (TILE_ROWS, 1)
                                                       for p in (TILE_PANELS, 1))
+_F_2_PAIR, _F_3_PAIR, _F_4_PAIR, _F_5_PAIR = (_tile(r, TILE_PANELS, False) for r in range(2, TILE_ROWS))
+_Q_2_PAIR, _Q_3_PAIR, _Q_4_PAIR, _Q_5_PAIR = (_tile(r, TILE_PANELS, True) for r in range(2, TILE_ROWS))
+assert TILE_ROWS == 6  # the leftover tiles above and in _left_pairs
 
 
 @numba.njit(cache=True, nogil=True)
@@ -167,10 +173,32 @@ def windows_product(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize,
     windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, 0, bases.shape[0], 0, w.shape[0])
 
 
+@numba.njit(cache=True, inline="always")
+def _left_pairs(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, r, left, p):
+    """Rows r..r + left (2 <= left < TILE_ROWS) x panels p, p + 1 in one tile."""
+    if requantize:
+        if left == 2:
+            _Q_2_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+        elif left == 3:
+            _Q_3_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+        elif left == 4:
+            _Q_4_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+        else:
+            _Q_5_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+    elif left == 2:
+        _F_2_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+    elif left == 3:
+        _F_3_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+    elif left == 4:
+        _F_4_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+    else:
+        _F_5_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+
+
 @numba.njit(cache=True, nogil=True)
 def windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, r0, r1, p0, p1):
     """Rows r0..r1 x panels p0..p1 (p0 even) of windows_product's out: tiles of TILE_ROWS rows,
-    then the rows left one at a time. (Both kinds of tile are compiled for the given `out`; only
+    then one tile of the rows left. (Both kinds of tile are compiled for the given `out`; only
     the one `requantize` names runs.)"""
     pairs, full = p1 - (p1 - p0) % TILE_PANELS, r1 - (r1 - r0) % TILE_ROWS
     for r in range(r0, full, TILE_ROWS):
@@ -183,12 +211,15 @@ def windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, o
             _Q_FULL_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
         elif pairs < p1:
             _F_FULL_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
-    for r in range(full, r1):
-        for p in range(p0, pairs, TILE_PANELS):
-            if requantize:
-                _Q_ROW_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
-            else:
-                _F_ROW_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, p)
+    left = r1 - full
+    for p in range(p0, pairs, TILE_PANELS):  # the rows left: one tile of their count
+        if left > 1:
+            _left_pairs(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, full, left, p)
+        elif left and requantize:
+            _Q_ROW_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, full, p)
+        elif left:
+            _F_ROW_PAIR(x, bases, offsets, w, bias, scale, zero, lo, hi, out, full, p)
+    for r in range(full, r1):  # and their last, odd panel one row at a time
         if pairs < p1 and requantize:
             _Q_ROW_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
         elif pairs < p1:
