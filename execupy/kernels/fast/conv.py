@@ -195,13 +195,17 @@ _VECTOR_INPUTS = (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.uint8))  
 def _compile() -> Optional[dict[str, Callable]]:
     from . import conv_jit as K
 
+    shared: list = []  # [conv_shared_jit, the second core's thread] once imported
+
     def both_cores():
         """conv_shared_jit and the second core's thread, imported at the first conv kernel built
         (~0.1-0.2 s that a program without one does not pay at import)."""
-        from . import conv_shared_jit
-        from .second_thread import SECOND_THREAD
+        if not shared:
+            from . import conv_shared_jit
+            from .second_thread import SECOND_THREAD
 
-        return conv_shared_jit, SECOND_THREAD
+            shared.extend((conv_shared_jit, SECOND_THREAD))
+        return shared
 
     def requantize(acc, bias, scale, zero_point, lo, hi, out):
         channels = acc.shape[-1]
@@ -243,17 +247,18 @@ def _compile() -> Optional[dict[str, Callable]]:
             if not (pixelwise and c >= K.LANES and out.dtype == np.float32 and x.dtype in _VECTOR_INPUTS
                     and not (x_zero and x.dtype == np.float32)):  # float data with a zero point: nhwc_3x3
                 return False
-            if x.dtype not in vector_args:
-                no_bias = np.full(c, -0.0, np.float32)  # x + -0.0 is x: the same bits as no bias
-                vector_args[x.dtype] = (np.ascontiguousarray(w, np.float32),
-                                        no_bias if bias is None else np.ascontiguousarray(bias, np.float32),
-                                        np.full(c, x_zero, x.dtype))
-            w32, b32, padded = vector_args[x.dtype]
             S, thread = both_cores()
-            f32, kind = np.float32, S.INPUT_KINDS[x.dtype]
-            thread.run(S.nhwc_3x3_shared, (S.NHWC_3X3_CHUNKS[kind].address, thread.job, kind, np.ascontiguousarray(x),
-                                           padded, f32(x_zero), w32, b32, f32(lo), f32(hi), sh, sw, *dilation, pads[0],
-                                           pads[2], out), site)
+            if x.dtype not in vector_args:  # the call's arguments but x and out, made once per dtype
+                no_bias = np.full(c, -0.0, np.float32)  # x + -0.0 is x: the same bits as no bias
+                f32, kind = np.float32, S.INPUT_KINDS[x.dtype]
+                vector_args[x.dtype] = (
+                    (S.NHWC_3X3_CHUNKS[kind].address, thread.job, kind),
+                    (np.full(c, x_zero, x.dtype), f32(x_zero), np.ascontiguousarray(w, np.float32),
+                     no_bias if bias is None else np.ascontiguousarray(bias, np.float32), f32(lo), f32(hi), sh, sw,
+                     *dilation, pads[0], pads[2]))
+            head, tail = vector_args[x.dtype]
+            thread.run(S.nhwc_3x3_shared, (*head, np.ascontiguousarray(x), *tail, out),
+                       site)
             return True
 
         def depthwise(x, out):
@@ -341,7 +346,8 @@ def _compile() -> Optional[dict[str, Callable]]:
         def windows(x, bases, offsets):
             out = np.empty((bases.shape[0], n), storage)
             thread.run(S.windows_shared, (S.WINDOWS_CHUNKS.address, thread.job, x.reshape(-1), bases, offsets, *args,
-                                          out.view(np.int8) if args[-1] else out, 1), site)
+                                          out.view(np.int8) if args[-1] else out, 1),
+                       site)
             return out
 
         return windows
