@@ -405,7 +405,8 @@ def _batch_matmul(node: Node, g) -> Step:
 
     def product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if (tiles is not None and a.dtype == F32 and b.dtype == F32 and a.ndim >= 3 and a.shape[:-2] == b.shape[:-2]
-                and a.shape[-2] >= TILED_MIN_ROWS and a.shape[-1] == b.shape[-1 if transpose_b else -2] > 0):
+                and a.shape[-2] >= TILED_MIN_ROWS and a.shape[-1] == b.shape[-1 if transpose_b else -2] > 0
+                and b.shape[-2 if transpose_b else -1] > 0):
             m, k = a.shape[-2:]
             # b as it lies (a transposed view of the keys: batch_panels reads any strides)
             y = tiles(np.ascontiguousarray(a).reshape(-1, m, k), b.reshape((-1,) + b.shape[-2:]))
@@ -472,7 +473,7 @@ def _fully_connected(node: Node, g) -> Step:
             f"XnnpackBackend: FullyConnected with {x_val.datatype} input and {w_val.datatype} filter")
     wt = np.ascontiguousarray(w.astype(F32).T)
     k, n = wt.shape
-    tiled = FC.BACKEND == "numba" and x_val.datatype == out_val.datatype == "fp32" and (
+    tiled = FC.BACKEND == "numba" and x_val.datatype == out_val.datatype == "fp32" and k > 0 and n > 0 and (
         not has_bias or (b_id in g.constants and g.constants[b_id].shape == (n,)))
     if tiled:
         return _fc_tiled(node, g, wt, g.constants[b_id].astype(F32) if has_bias else None,
