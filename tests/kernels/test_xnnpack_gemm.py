@@ -96,6 +96,34 @@ def test_a_prompts_channelwise_product_shared_with_the_second_thread_equals_one_
         np.testing.assert_array_equal(out, reference)
 
 
+# BERT's 128 x 1024 -> 256; inputs past a multiple of 16 (one by one) and of 4 (a padded word); fewer rows than a chunk
+@pytest.mark.parametrize("m, n, k", [(128, 256, 1024), (37, 100, 70), (5, 64, 33)])
+def test_float_rows_quantized_straight_into_the_products_layout_on_both_cores_equal_numpy(m, n, k):
+    """`bind_channelwise(from_float=True)`: the rows quantized in chunks by the caller and the second
+    core's thread (its C function QUANTIZE_CHUNKS), written as the products' q + 128 bytes, then the
+    products' job: quantize_rows_numpy then gemm_channelwise_numpy's bits, alone or shared."""
+    from execupy.kernels.fast import xnnpack_gemm_jit as K
+    from execupy.kernels.fast.second_thread import SECOND_THREAD
+
+    if not XG.NUMBA["vnni"]:
+        pytest.skip("this CPU (or numba's target) has no AVX512-VNNI")
+    rng = np.random.default_rng(m + k)
+    x = (rng.standard_normal((m, k)) * rng.random((m, 1)) * 4).astype(np.float32)
+    x[1, :] = np.abs(x[1, :])  # a row of one sign: its zero point at an end
+    w = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    w_scale, bias = (rng.random(n) * 0.01).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    q, scale, zp = XG.quantize_rows_numpy(x)
+    reference = XG.gemm_channelwise_numpy(q, zp, scale, w, w_scale, bias)
+    np.testing.assert_array_equal(XG.bind_channelwise(w, w_scale, bias, from_float=True)(x), reference)
+    words, wsum = XG.channelwise_words(w)
+    for share in (False,) + (True,) * 10:  # the thread spins after the first shared call
+        out = np.full((m, n), np.nan, np.float32)
+        SECOND_THREAD.call(K.channelwise_from_float, (K.CHANNELWISE_CHUNKS.address, SECOND_THREAD.job,
+                                                      K.QUANTIZE_CHUNKS.address, x, words, wsum, w_scale, bias, out),
+                           share)
+        np.testing.assert_array_equal(out, reference)
+
+
 @pytest.mark.parametrize("variant", ["_chains_float", "_chains_vnni"])
 def test_both_panel_kernels_equal_numpy(variant):
     """The decode mat-vec's panels, through vpdpbusd where the CPU has AVX512-VNNI and through
@@ -233,12 +261,14 @@ def test_a_row_with_inf_gives_non_finite_outputs_not_an_error():
         assert not np.isfinite(XG.bind_blockwise_from_float(packed, None)(x)).any()
 
 
-def test_quantize_rows_numba_equals_numpy():
+@pytest.mark.parametrize("width", [96, 101, 7])  # 16 inputs a step, and the rest one by one
+def test_quantize_rows_numba_equals_numpy(width):
     rng = np.random.default_rng(5)
-    rows = np.concatenate([rng.standard_normal((3, 96)) * 3, np.zeros((1, 96)), -rng.random((1, 96)),
-                           rng.random((1, 96)), ((np.arange(96) % 255 - 127) / 127.5)[None],
-                           np.eye(1, 96) * 50, -np.zeros((1, 96)), np.where(np.arange(96) % 3, 0.5, -0.0)[None],
-                           -np.abs(rng.standard_normal((1, 96))), np.abs(rng.standard_normal((1, 96)))]).astype(np.float32)
+    rows = np.concatenate([rng.standard_normal((3, width)) * 3, np.zeros((1, width)), -rng.random((1, width)),
+                           rng.random((1, width)), ((np.arange(width) % 255 - 127) / 127.5)[None],
+                           np.eye(1, width) * 50, -np.zeros((1, width)), np.where(np.arange(width) % 3, 0.5, -0.0)[None],
+                           -np.abs(rng.standard_normal((1, width))), np.abs(rng.standard_normal((1, width))),
+                           np.eye(1, width, width - 1) * -50]).astype(np.float32)
     ours = XG.NUMBA["quantize_rows"](rows)  # its min and max over integer keys: -0.0 counts as 0.0
     reference = XG.NUMPY["quantize_rows"](rows)
     for a, b in zip(ours, reference):
@@ -328,12 +358,15 @@ for rows in (3, 8):  # the numba kernel, then BLAS sums scaled by numba
                             rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)
 XG.bind_channelwise(rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None)(
     q.repeat(3, axis=0), zp.repeat(3), scale.repeat(3))  # a prompt's rows through vpdpbusd, where the CPU has it
+XG.bind_channelwise(rng.integers(-100, 100, (30, 64)).astype(np.int8), np.ones(30, np.float32), None,
+                    from_float=True)(rng.standard_normal((9, 64)).astype(np.float32))  # quantized into its layout
 if XG.NUMBA["vnni"]:  # the second thread's half of a prompt's rows: a C function, compiled (or loaded) at import
     from types import SimpleNamespace as NS
     hits = K.BLOCKWISE_SECOND_HALF.cache_hits
     K.KERNELS["BLOCKWISE_SECOND_HALF"] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
-    hits = K.CHANNELWISE_CHUNKS.cache_hits
-    K.KERNELS["CHANNELWISE_CHUNKS"] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
+    for name in ("CHANNELWISE_CHUNKS", "QUANTIZE_CHUNKS"):
+        hits = getattr(K, name).cache_hits
+        K.KERNELS[name] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
 """
 
 
@@ -346,7 +379,8 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     from execupy.kernels.fast.vnni_jit import VNNI
 
     # a prompt's rows: through vpdpbusd (the second thread's half a C function) where the CPU has it
-    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows", "BLOCKWISE_SECOND_HALF", "CHANNELWISE_CHUNKS"} if VNNI
+    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows", "channelwise_from_float", "BLOCKWISE_SECOND_HALF",
+                       "CHANNELWISE_CHUNKS", "QUANTIZE_CHUNKS"} if VNNI
                       else {"blockwise_tiles", "blockwise_tiles_parallel"})
     assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "channelwise", "scale_sums",
                           "quantize_rows"} | prompt_kernels

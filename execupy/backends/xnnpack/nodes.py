@@ -641,11 +641,8 @@ def _fc_dynamic_quant(node: Node, g, has_bias: bool) -> Step:
         w_signed = (filter_matrix(node, g).astype(np.int16) - g.filter_zero_point(w_id)).astype(np.int8)
         n_out, n_in = w_signed.shape
         w_scale = g.scales(w_id).reshape(n_out).astype(F32)
-        # On one thread: an encoder's attention runs BLAS products between these, and OpenBLAS's
-        # spinning threads then held the core a second one wanted (BERT int8: 0.45 ms for a
-        # 128 x 256 x 256 product that takes 0.04)
         product = XG.bind_channelwise(w_signed, w_scale, bias)
-        from_float = XG.quantizing(product)
+        from_float = XG.bind_channelwise(w_signed, w_scale, bias, from_float=True)
 
     unclamped = lo == -np.inf and hi == np.inf
     clamp = (lambda y: y) if unclamped else (lambda y: np.clip(y, lo, hi))

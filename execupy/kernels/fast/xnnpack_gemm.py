@@ -351,16 +351,18 @@ def channelwise_words(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             padded.sum(axis=1, dtype=np.int32))
 
 
-def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarray]) -> Callable[
-        [np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarray], from_float: bool = False
+                     ) -> Callable[..., np.ndarray]:
     """(q, zp, x_scale) -> gemm_channelwise with w int8 [N, K] (signed), bound once: with
     AVX512-VNNI a prompt's rows (from vnni_jit.ROWS on) run through vpdpbusd on weights laid out
     for it here (xnnpack_gemm_jit.channelwise_rows), from PARALLEL_MIN_MACS multiply-adds on both
-    cores while kernels/cores.py's rule allows; other calls as gemm_channelwise."""
+    cores while kernels/cores.py's rule allows; other calls as gemm_channelwise. With `from_float`
+    x float32 [M, K] -> the product of quantize_rows(x) (`quantizing`), those rows quantized
+    straight into the products' layout (xnnpack_gemm_jit.channelwise_from_float)."""
     w_scale = np.ascontiguousarray(w_scale, F32)
     general = lambda q, zp, x_scale: gemm_channelwise(q, zp, x_scale, w, w_scale, bias)
     if NUMBA is None or not NUMBA["vnni"] or w.shape[1] > MAX_VNNI_INPUTS:
-        return general
+        return quantizing(general) if from_float else general
     from . import xnnpack_gemm_jit as K
     from .second_thread import SECOND_THREAD
 
@@ -369,18 +371,28 @@ def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarr
     bias_or_zeros = np.zeros(n, F32) if bias is None else np.ascontiguousarray(bias, F32)
     site = cores.PerRow()
 
+    def run(kernel, m: int, *inputs) -> np.ndarray:
+        out = np.empty((m, n), F32)
+        SECOND_THREAD.run(kernel, (K.CHANNELWISE_CHUNKS.address, SECOND_THREAD.job, *inputs, words, wsum, w_scale,
+                                   bias_or_zeros, out),
+                          _prompt_site(site, m, n * k) if m * n * k >= PARALLEL_MIN_MACS else None)
+        return out
+
     def product(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray) -> np.ndarray:
         m = q.shape[0]
         if m < K.ROWS:
             return general(q, zp, x_scale)
-        q, zp, x_scale = np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32), np.asarray(x_scale, F32)
-        out = np.empty((m, n), F32)
-        SECOND_THREAD.run(K.channelwise_rows, (K.CHANNELWISE_CHUNKS.address, SECOND_THREAD.job, q, zp, x_scale, words,
-                                               wsum, w_scale, bias_or_zeros, out),
-                          _prompt_site(site, m, n * k) if m * n * k >= PARALLEL_MIN_MACS else None)
-        return out
+        return run(K.channelwise_rows, m, np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32),
+                   np.asarray(x_scale, F32))
 
-    return product
+    def product_from_float(x: np.ndarray) -> np.ndarray:
+        m = x.shape[0]
+        if m < K.ROWS:
+            q, x_scale, zp = quantize_rows(x)
+            return general(q, zp, x_scale)
+        return run(K.channelwise_from_float, m, K.QUANTIZE_CHUNKS.address, np.ascontiguousarray(x, F32))
+
+    return product_from_float if from_float else product
 
 
 def quantizing(product: Callable) -> Callable[[np.ndarray], np.ndarray]:

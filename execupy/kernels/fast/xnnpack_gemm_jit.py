@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .fma_jit import fma32
 from .blockwise_jit import PANEL, VNNI, activation_bytes, activation_bytes_int8, blockwise_panels, blockwise_rows
+from .vnni_jit import _V16, _V16F, LANES, _arrays, _splat, _vector_at
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
 from .second_thread_jit import (BLOCKWISE, CALL, FIELDS, HERE, JOB, JOB_FN, JOB_SLOTS, KIND, TAKEN, THERE, _pointer,
@@ -242,6 +246,122 @@ if VNNI:
     BLOCKWISE_SECOND_HALF = numba.cfunc(_HALF_SIGNATURE, cache=True)(_blockwise_second_half)
 
 
+# ---------------------------------------------------------------- a row's dynamic quantization, 16 lanes a step
+# LLVM's vectoriser gives numba's loops 8 lanes (its preferred width on AVX-512 CPUs) and left
+# quantize_rows a third of a BERT int8 linear's time (128 x 1024: 78 us of ~200); these write
+# the 16-lane steps out. Each lane does what the scalar loop does to one input.
+
+_V16I8 = ir.VectorType(ir.IntType(8), LANES)
+
+
+def _reduce(builder, op: str, v):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [v.type]),
+                                        f"llvm.vector.reduce.{op}.v{LANES}i32")
+    return builder.call(fn, [v])
+
+
+@intrinsic
+def _key_bounds(typingctx, bits, vectors, ends):
+    """ends[0], ends[1] = min and max of 0 and the ordered keys (rows_jit.ordered_key; a NaN's
+    key taken as 0) of bits[:16 * vectors], a row's int32 bits."""
+    def codegen(context, builder, sig, args):
+        bits_t, _, ends_t = sig.args
+        bits_arr, ends_arr = _arrays(context, builder, sig, args, (0, 2))
+        zero_v = ir.Constant(_V16, None)
+        magnitude, inf = ir.Constant(_V16, [0x7FFFFFFF] * LANES), ir.Constant(_V16, [0x7F800000] * LANES)
+        sign_shift = ir.Constant(_V16, [31] * LANES)
+        low, high = cgutils.alloca_once_value(builder, zero_v), cgutils.alloca_once_value(builder, zero_v)
+        with cgutils.for_range(builder, args[1]) as loop:
+            at = builder.mul(loop.index, ir.Constant(cgutils.intp_t, LANES))
+            b = builder.load(_vector_at(context, builder, bits_t, bits_arr, [at]), align=4)
+            key = builder.xor(b, builder.and_(builder.ashr(b, sign_shift), magnitude))
+            key = builder.select(builder.icmp_signed(">", builder.and_(b, magnitude), inf), zero_v, key)
+            lo, hi = builder.load(low), builder.load(high)
+            builder.store(builder.select(builder.icmp_signed("<", key, lo), key, lo), low)
+            builder.store(builder.select(builder.icmp_signed(">", key, hi), key, hi), high)
+        for i, (op, acc) in enumerate((("smin", low), ("smax", high))):
+            at = cgutils.get_item_pointer(context, builder, ends_t, ends_arr, [ir.Constant(cgutils.intp_t, i)],
+                                          wraparound=False)
+            builder.store(_reduce(builder, op, builder.load(acc)), at)
+        return context.get_dummy_value()
+    return types.void(bits, vectors, ends), codegen
+
+
+@intrinsic
+def _quantize_vectors(typingctx, x, q, vectors, inv, zf, flip):
+    """q[i] = int8(min(max(rint(float32(x[i] * inv)) + zf, -128), 127)) ^ flip for i < 16 * vectors,
+    as _quantize_row's scalar loop: max and min as numba's (a NaN passes both, as there)."""
+    def codegen(context, builder, sig, args):
+        x_t, q_t = sig.args[:2]
+        x_arr, q_arr = _arrays(context, builder, sig, args, (0, 1))
+        inv_v, zf_v = _splat(builder, args[3], _V16F), _splat(builder, args[4], _V16F)
+        flip_v = _splat(builder, args[5], _V16I8)
+        low, high = ir.Constant(_V16F, [-128.0] * LANES), ir.Constant(_V16F, [127.0] * LANES)
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F]), "llvm.rint.v16f32")
+        with cgutils.for_range(builder, args[2]) as loop:
+            at = builder.mul(loop.index, ir.Constant(cgutils.intp_t, LANES))
+            v = builder.load(_vector_at(context, builder, x_t, x_arr, [at]), align=4)
+            v = builder.fadd(builder.call(rint, [builder.fmul(v, inv_v)]), zf_v)
+            v = builder.select(builder.fcmp_ordered(">", low, v), low, v)
+            v = builder.select(builder.fcmp_ordered("<", high, v), high, v)
+            out = builder.xor(builder.trunc(builder.fptosi(v, _V16), _V16I8), flip_v)
+            q_at = cgutils.get_item_pointer(context, builder, q_t, q_arr, [at], wraparound=False)
+            builder.store(out, builder.bitcast(q_at, _V16I8.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.void(x, q, vectors, inv, zf, flip), codegen
+
+
+@numba.njit(cache=True, inline="always")
+def _quantize_row(x, bits, q, flip, ends):
+    """One row x float32 [K] (bits: its int32 view) quantized into q int8 [>= K], each byte xor
+    `flip` (-128: q + 128 as an unsigned byte, qdu8); returns (scale, zero point). Its min and max
+    (with 0; NaN left out) over rows_jit's ordered keys: the key of -0.0 is below 0.0's, and
+    adding 0 makes it 0.0. 16 inputs a step (_key_bounds, _quantize_vectors), the rest one by one."""
+    k = x.shape[0]
+    vectors = k // LANES
+    tail = vectors * LANES
+    _key_bounds(bits, vectors, ends)
+    low, high = ends[0], ends[1]
+    for i in range(tail, k):
+        b = bits[i]
+        key = np.int32(0) if is_nan_bits(b) else ordered_key(b)
+        low, high = min(low, key), max(high, key)
+    ends[0], ends[1] = ordered_key(low), ordered_key(high)
+    ends_float = ends.view(np.float32)
+    lo, hi = np.float32(ends_float[0] + np.float32(0)), np.float32(ends_float[1] + np.float32(0))
+    inv = np.float32(1) if lo == hi else np.float32(np.float32(255) / np.float32(hi - lo))
+    lo_scaled, hi_scaled = np.float32(lo * inv), np.float32(hi * inv)
+    if np.float32(np.float32(-128) + lo_scaled) + np.float32(np.float32(127) + hi_scaled) > 0:
+        z = np.float32(np.float32(-128) - lo_scaled)
+    else:
+        z = np.float32(np.float32(127) - hi_scaled)
+    zf = np.rint(min(max(z, np.float32(-128)), np.float32(127)))
+    _quantize_vectors(x, q, vectors, inv, zf, flip)
+    for i in range(tail, k):
+        v = np.rint(np.float32(x[i] * inv)) + zf
+        q[i] = np.int8(min(max(v, np.float32(-128)), np.float32(127))) ^ flip
+    return np.float32(1) / inv, np.int32(zf)
+
+
+@numba.njit(cache=True, error_model="numpy")  # a row with inf: scale inf as numpy gives, no ZeroDivisionError
+def quantize_rows(x, q, scale, zero):
+    # x float32 [m, k] in C order -> q int8 [m, k], scale, zero [m]
+    bits, ends = x.view(np.int32), np.empty(2, np.int32)
+    for r in range(x.shape[0]):
+        scale[r], zero[r] = _quantize_row(x[r], bits[r], q[r], np.int8(0), ends)
+
+
+@numba.njit(cache=True, inline="always")
+def quantize_activations(x, xq, zr, x_scale, r0, r1):
+    """Rows r0..r1 of quantize_rows(x), x float32 [M, K], written as channelwise_rows' activations:
+    each q + 128 a byte of xq int32 [M, K/4 rounded up] (zeros past K, as given), zr = zp + 128,
+    x_scale."""
+    bits, ends, qbytes = x.view(np.int32), np.empty(2, np.int32), xq.view(np.int8)
+    for r in range(r0, r1):
+        x_scale[r], zp = _quantize_row(x[r], bits[r], qbytes[r], np.int8(-128), ends)
+        zr[r] = zp + np.int32(128)
+
+
 # ---------------------------------------------------------------- a prompt's rows, qc8w: both cores
 # Chunks of (panel, block of rows), the caller's from the front and the second core's thread's
 # from the back (second_thread_jit's chunked jobs), each written straight into out. (Shared as
@@ -315,16 +435,9 @@ def _channelwise_chunks(job, from_back, xq, zr, x_scale, words, wsum, w_scale, b
         channelwise_block(xq, zr, x_scale, words, wsum, w_scale, bias, out, p, p + 1, r0, min(m, r0 + rows))
 
 
-@numba.njit(cache=True, nogil=True)
-def channelwise_rows(ctrl, xbuf, scratch, fn, job, q, zp, x_scale, words, wsum, w_scale, bias, out, share):
-    """out [M, N] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI only): the exact
-    sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then scale_sums' float
-    steps, in registers for whole panels (vnni_jit.channel_panel_rows_scaled). words int32
-    [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]. With `share` its chunks taken
-    by this thread and the second core's (fn: CHANNELWISE_CHUNKS's address; job: the second
-    thread's job block, which only a sharing call may use). The same bits either way. Returns 0."""
-    m, panels = q.shape[0], words.shape[0]
-    xq, zr = _channelwise_activations(q, zp, words.shape[1])
+@numba.njit(cache=True, inline="always")
+def _channelwise_products(ctrl, fn, job, xq, zr, x_scale, words, wsum, w_scale, bias, out, share):
+    m, panels = xq.shape[0], words.shape[0]
     if not share:
         channelwise_block(xq, zr, x_scale, words, wsum, w_scale, bias, out, 0, panels, 0, m)
         return 0
@@ -338,6 +451,65 @@ def channelwise_rows(ctrl, xbuf, scratch, fn, job, q, zp, x_scale, words, wsum, 
     _channelwise_chunks(job, False, xq, zr, x_scale, words, wsum, w_scale, bias, out)
     join_chunks(ctrl, seq)
     return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def channelwise_rows(ctrl, xbuf, scratch, fn, job, q, zp, x_scale, words, wsum, w_scale, bias, out, share):
+    """out [M, N] = qd8 x qc8w for a prompt's rows through vpdpbusd (AVX512-VNNI only): the exact
+    sums of (q + 128) * w four rows at a time, less (zp + 128) * sum(w), then scale_sums' float
+    steps, in registers for whole panels (vnni_jit.channel_panel_rows_scaled). words int32
+    [P, K/4, PANEL] (channelwise_words), wsum int32 [P * PANEL]. With `share` its chunks taken
+    by this thread and the second core's (fn: CHANNELWISE_CHUNKS's address; job: the second
+    thread's job block, which only a sharing call may use). The same bits either way. Returns 0."""
+    xq, zr = _channelwise_activations(q, zp, words.shape[1])
+    return _channelwise_products(ctrl, fn, job, xq, zr, x_scale, words, wsum, w_scale, bias, out, share)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def channelwise_from_float(ctrl, xbuf, scratch, fn, job, quantize_fn, x, words, wsum, w_scale, bias, out, share):
+    """channelwise_rows of quantize_rows(x) for x float32 [M, K] (C order), the quantized rows
+    written straight as the products' activations (quantize_activations): the same bits. With
+    `share` the rows are quantized by both threads too (quantize_fn: QUANTIZE_CHUNKS' address),
+    one job after the other."""
+    m = x.shape[0]
+    xq, zr, x_scale = np.zeros((m, words.shape[1]), np.int32), np.empty(m, np.int32), np.empty(m, np.float32)
+    if share:
+        job[QA_X_AT], job[QA_M], job[QA_K], job[QA_XQ_AT] = x.ctypes.data, m, x.shape[1], xq.ctypes.data
+        job[QA_QUADS], job[QA_ZR_AT], job[QA_XS_AT] = xq.shape[1], zr.ctypes.data, x_scale.ctypes.data
+        open_chunks(job, -(-m // QUANTIZE_CHUNK_ROWS))
+        seq = post_chunks(ctrl, job, quantize_fn)
+        _quantize_chunks(job, False, x, xq, zr, x_scale)
+        join_chunks(ctrl, seq)
+    else:
+        quantize_activations(x, xq, zr, x_scale, 0, m)
+    return _channelwise_products(ctrl, fn, job, xq, zr, x_scale, words, wsum, w_scale, bias, out, share)
+
+
+# Quantizing a prompt's rows on both cores: chunks of QUANTIZE_CHUNK_ROWS rows. The job block's
+# fields: x's address, rows and inputs; the activations' words (and words a row), zr, x_scale.
+(QA_X_AT, QA_M, QA_K, QA_XQ_AT, QA_QUADS, QA_ZR_AT, QA_XS_AT) = range(FIELDS, FIELDS + 7)
+QUANTIZE_CHUNK_ROWS = 8
+
+
+@numba.njit(cache=True, inline="always")
+def _quantize_chunks(job, from_back, x, xq, zr, x_scale):
+    m = x.shape[0]
+    while True:
+        c = next_chunk(job, from_back)
+        if c < 0:
+            return
+        r0 = c * QUANTIZE_CHUNK_ROWS
+        quantize_activations(x, xq, zr, x_scale, r0, min(m, r0 + QUANTIZE_CHUNK_ROWS))
+
+
+def _quantize_thread_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, _xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
+    # channelwise_from_float's quantizing job on the second core's thread
+    job = numba.carray(_pointer(job_at), JOB_SLOTS, np.int64)
+    m = job[QA_M]
+    _quantize_chunks(job, True, numba.carray(_pointer(job[QA_X_AT]), (m, job[QA_K]), np.float32),
+                     numba.carray(_pointer(job[QA_XQ_AT]), (m, job[QA_QUADS]), np.int32),
+                     numba.carray(_pointer(job[QA_ZR_AT]), m, np.int32),
+                     numba.carray(_pointer(job[QA_XS_AT]), m, np.float32))
 
 
 def _channelwise_thread_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, _xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
@@ -357,6 +529,7 @@ def _channelwise_thread_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, _xbuf_at, _xb
 # The thread's part as a C function, only where the CPU has AVX512-VNNI (as BLOCKWISE_SECOND_HALF).
 if VNNI:
     CHANNELWISE_CHUNKS = numba.cfunc(_HALF_SIGNATURE, cache=True)(_channelwise_thread_chunks)
+    QUANTIZE_CHUNKS = numba.cfunc(_HALF_SIGNATURE, cache=True, error_model="numpy")(_quantize_thread_chunks)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -385,40 +558,11 @@ def scale_sums(acc, x_scale, w_scale, bias, out):
             o[c] = fma32(np.float32(a[c] * xs), w_scale[c], bias[c])
 
 
-@numba.njit(cache=True, error_model="numpy")  # a row with inf: scale inf as numpy gives, no ZeroDivisionError
-def quantize_rows(x, q, scale, zero):
-    # x float32 [m, k] in C order. Each row's min and max (with 0; NaN left out) over rows_jit's
-    # ordered keys; the key of -0.0 is below 0.0's, and adding 0 makes it 0.0.
-    m, k = x.shape
-    bits = x.view(np.int32)
-    ends = np.empty(2, np.int32)
-    ends_float = ends.view(np.float32)
-    for r in range(m):
-        low, high = np.int32(0), np.int32(0)
-        for i in range(k):
-            b = bits[r, i]
-            key = np.int32(0) if is_nan_bits(b) else ordered_key(b)
-            low, high = min(low, key), max(high, key)
-        ends[0], ends[1] = ordered_key(low), ordered_key(high)
-        lo, hi = np.float32(ends_float[0] + np.float32(0)), np.float32(ends_float[1] + np.float32(0))
-        inv = np.float32(1) if lo == hi else np.float32(np.float32(255) / np.float32(hi - lo))
-        lo_scaled, hi_scaled = np.float32(lo * inv), np.float32(hi * inv)
-        if np.float32(np.float32(-128) + lo_scaled) + np.float32(np.float32(127) + hi_scaled) > 0:
-            z = np.float32(np.float32(-128) - lo_scaled)
-        else:
-            z = np.float32(np.float32(127) - hi_scaled)
-        zf = np.rint(min(max(z, np.float32(-128)), np.float32(127)))
-        for i in range(k):
-            v = np.rint(np.float32(x[r, i] * inv)) + zf
-            q[r, i] = np.int8(min(max(v, np.float32(-128)), np.float32(127)))
-        scale[r] = np.float32(1) / inv
-        zero[r] = np.int32(zf)
-
-
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
 # the helpers are compiled into the kernels that call them).
 KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float,
            "channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
            # a prompt's rows: through vpdpbusd where the CPU has it, else a tile of unpacked weights at a time
-           **({"blockwise_rows_halves": blockwise_rows_halves, "channelwise_rows": channelwise_rows}
+           **({"blockwise_rows_halves": blockwise_rows_halves, "channelwise_rows": channelwise_rows,
+               "channelwise_from_float": channelwise_from_float}
               if VNNI else {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel})}
