@@ -155,6 +155,43 @@ def test_depthwise_nhwc_int8_numba_equals_numpy(c, size, s, d, k, p, storage, ze
     np.testing.assert_array_equal(ours, exact)
 
 
+# 3x3 (16 channels a vector in registers, and the channels past a multiple of 16 one by one),
+# strided, a 5x5 and a float64 bias (summed, then requantized in a pass)
+@pytest.mark.parametrize("c, size, s, k, bias_dtype", [(32, 12, 1, 3, np.float32), (40, 11, 2, 3, np.float32),
+                                                       (16, 9, 1, 5, np.float32), (48, 8, 1, 3, np.float64)])
+@pytest.mark.parametrize("storage, zero, lo, hi", [(np.int8, -3, -128, 127), (np.uint8, 128, 10, 250)])
+def test_a_requantized_depthwise_conv_numba_equals_numpy(c, size, s, k, bias_dtype, storage, zero, lo, hi,
+                                                         monkeypatch):
+    """depthwise_nhwc_kernel(requantized=...): the int8 layer's output straight from its kernel,
+    XNNPACK's requantization of the exact sums (conv.requantize's steps): the numpy reference's bits.
+    A 3x3 one with a float32 bias writes int8 from nhwc_3x3_vectors' registers."""
+    rng = np.random.default_rng(c + size)
+    info = np.iinfo(storage)
+    x = rng.integers(info.min, info.max + 1, (2, size, size, c)).astype(storage)
+    w = rng.integers(-127, 128, (k, k, c)).astype(np.float32)
+    bias = rng.integers(-5000, 5000, c).astype(bias_dtype)
+    requantized = ((rng.random(c) * 0.004).astype(np.float32), zero, storage)
+    p = k // 2
+    o = _out_size(size, k, s, 1, p)
+    outs = [FC.NUMPY["depthwise_nhwc_kernel"](w, (s, s), (1, 1), (p, p, p, p), 9, bias, lo, hi, requantized)(
+        x, np.empty((2, o, o, c), storage))]
+    if FC.BACKEND == "numba":
+        from execupy.kernels.fast import conv_shared_jit as S
+        from execupy.kernels.fast.second_thread import SECOND_THREAD
+
+        vector_outs = []  # the dtypes nhwc_3x3_vectors wrote
+        run = SECOND_THREAD.run
+        monkeypatch.setattr(SECOND_THREAD, "run", lambda kernel, args, *rest: (
+            vector_outs.append(args[-1].dtype) if kernel is S.nhwc_3x3_shared else None, run(kernel, args, *rest)))
+        kernel = FC.NUMBA["depthwise_nhwc_kernel"](w, (s, s), (1, 1), (p, p, p, p), 9, bias, lo, hi, requantized)
+        outs += [kernel(x, np.empty((2, o, o, c), storage)) for _ in range(3)]  # one thread, then as the rule says
+        fused = bias_dtype == np.float32  # else float32 sums there, then requantized in a pass
+        assert vector_outs == ([np.dtype(storage if fused else np.float32)] * 3 if k == 3 else [])
+    for ours in outs[1:]:
+        np.testing.assert_array_equal(ours, outs[0])
+    assert outs[0].dtype == storage and len(np.unique(outs[0])) > 20  # not saturated to a few values
+
+
 @pytest.mark.parametrize("acc_dtype", [np.float32, np.float64, np.int32])
 @pytest.mark.parametrize("bias_dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("storage, zero, lo, hi", [(np.int8, 3, -128, 127), (np.int8, -128, -128, 40),
@@ -434,27 +471,33 @@ def test_a_batch_of_products_is_one_job_whose_chunks_give_each_products_bits(tra
 
 
 @pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
-@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.uint8])
+@pytest.mark.parametrize("dtype, requantized", [(np.float32, False), (np.int8, False), (np.uint8, False),
+                                                (np.int8, True), (np.uint8, True)])
 @pytest.mark.parametrize("size, c, stride", [(20, 16, 1), (11, 40, 2), (5, 288, 1)])
-def test_the_second_threads_part_of_a_depthwise_conv_computes_what_one_thread_does(dtype, size, c, stride):
+def test_the_second_threads_part_of_a_depthwise_conv_computes_what_one_thread_does(dtype, requantized, size, c, stride):
     from execupy.kernels.fast import conv_jit as K, conv_shared_jit as S
 
     rng = np.random.default_rng(size * c)
     x = (rng.standard_normal((2, size, size, c)) * 3).astype(np.float32) if dtype == np.float32 \
         else rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (2, size, size, c)).astype(dtype)
     w = rng.standard_normal((3, 3, c)).astype(np.float32)
-    bias = rng.standard_normal(c).astype(np.float32)
     o = _out_size(size, 3, stride, 1, 1)
     xz = 0 if dtype == np.float32 else 5
     padded, f32 = np.full(c, xz, dtype), np.float32
-    args = (x, padded, f32(xz), w, bias, f32(-4), f32(4), stride, stride, 1, 1, 1, 1)
-    expected, ours = np.empty((2, o, o, c), np.float32), np.empty((2, o, o, c), np.float32)
+    if requantized:  # integer sums (integer weights), requantized into x's own type
+        w, bias = np.rint(w * 40), rng.integers(-900, 900, c).astype(np.float32)
+        scale, zero, lo, hi = (rng.random(c) * 0.01).astype(f32), f32(7), np.iinfo(dtype).min, np.iinfo(dtype).max
+        out_dtype = dtype
+    else:
+        bias, scale, zero, lo, hi, out_dtype = rng.standard_normal(c).astype(f32), np.empty(0, f32), f32(0), -4, 4, f32
+    args = (x, padded, f32(xz), w, bias, scale, zero, f32(lo), f32(hi), stride, stride, 1, 1, 1, 1)
+    expected, ours = np.empty((2, o, o, c), out_dtype), np.empty((2, o, o, c), out_dtype)
     K.nhwc_3x3_vectors(*args, expected)
-    kind = S.INPUT_KINDS[np.dtype(dtype)]
+    kind = S.KINDS[np.dtype(dtype), np.dtype(out_dtype)]
     job, xbuf = np.zeros(S.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
     S.nhwc_3x3_job(job, xbuf, kind, *args, ours)
     _thread_part(S.NHWC_3X3_CHUNKS[kind], job, xbuf)
-    np.testing.assert_array_equal(ours.view(np.uint32), expected.view(np.uint32))
+    np.testing.assert_array_equal(ours.view(np.uint8), expected.view(np.uint8))
 
 
 @pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
@@ -470,7 +513,8 @@ def test_convs_shared_with_the_second_thread_give_one_threads_bits():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, 24, 24, 32)).astype(np.float32)
     w, bias, f32 = rng.standard_normal((3, 3, 32)).astype(np.float32), np.zeros(32, np.float32), np.float32
-    dw_args = (x, np.zeros(32, np.float32), f32(0), w, bias, f32(-np.inf), f32(np.inf), 1, 1, 1, 1, 1, 1)
+    dw_args = (x, np.zeros(32, np.float32), f32(0), w, bias, np.empty(0, f32), f32(0), f32(-np.inf), f32(np.inf),
+               1, 1, 1, 1, 1, 1)
     dw_expected = np.empty((1, 24, 24, 32), np.float32)
     K.nhwc_3x3_vectors(*dw_args, dw_expected)
     for _ in range(30):

@@ -773,17 +773,21 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
     x_val = g.values[f["input1_id"]]
     channels = x_val.dims[-1] if len(x_val.dims) == 4 else None
     if node.kind == "DepthwiseConv2d" and cin_g == 1 and channels == cout and FC.BACKEND == "numba":
-        acc = dtype  # integer inputs too: the caller picks float32 only where it holds every sum exactly
-        w_hwc = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0).astype(acc))  # (KH, KW, C)
-        kernel = FC.depthwise_nhwc_kernel(w_hwc, stride, dilation, (*pads[0], *pads[1]), x_zero, *(epilogue or ()))
+        # integer inputs too: the caller picks float32 only where it holds every sum exactly
+        w_hwc = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0).astype(dtype))  # (KH, KW, C)
+        r = requantized  # the sums requantized in the kernel (in its registers where it can)
+        kernel = FC.depthwise_nhwc_kernel(w_hwc, stride, dilation, (*pads[0], *pads[1]), x_zero, *(epilogue or ())) \
+            if r is None else FC.depthwise_nhwc_kernel(w_hwc, stride, dilation, (*pads[0], *pads[1]), x_zero, r.bias,
+                                                       r.lo, r.hi, (r.scale, r.zero_point, r.storage))
+        out_dtype = dtype if r is None else r.storage
 
         def depthwise(x: np.ndarray) -> np.ndarray:
             n, h, width, _ = x.shape
             oh = conv_output_size(h + pads[0][0] + pads[0][1], kh, stride[0], 0, dilation[0])
             ow = conv_output_size(width + pads[1][0] + pads[1][1], kw, stride[1], 0, dilation[1])
-            return kernel(np.ascontiguousarray(x), np.empty((n, oh, ow, cout), acc))
+            return kernel(np.ascontiguousarray(x), np.empty((n, oh, ow, cout), out_dtype))
 
-        return depthwise if requantized is None else lambda x: requantized(depthwise(x))
+        return depthwise
     if node.kind != "Conv2d" or max(1, f["groups"]) != 1 or channels != cin_g:
         return None
     # rows in (KH, KW, Cin) order: an NHWC window's pixels are runs of KW * Cin contiguous values

@@ -167,9 +167,20 @@ def _requantize_numpy(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, zero
 
 def _depthwise_nhwc_kernel_numpy(w: np.ndarray, stride: tuple[int, int], dilation: tuple[int, int],
                                  pads: tuple[int, int, int, int], x_zero: int, bias: Optional[np.ndarray] = None,
-                                 lo: float = -np.inf, hi: float = np.inf) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """depthwise_nhwc with everything but the input and output fixed: (x, out) -> out."""
-    return lambda x, out: _depthwise_nhwc_numpy(x, w, stride, dilation, pads, x_zero, out, bias, lo, hi)
+                                 lo: float = -np.inf, hi: float = np.inf, requantized: Optional[tuple] = None
+                                 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """depthwise_nhwc with everything but the input and output fixed: (x, out) -> out. With
+    `requantized` = (scale, zero_point, storage dtype), int8 data: out (storage) = requantize(the
+    sums in w's type, bias, scale, zero_point, lo, hi)."""
+    if requantized is None:
+        return lambda x, out: _depthwise_nhwc_numpy(x, w, stride, dilation, pads, x_zero, out, bias, lo, hi)
+    scale, zero_point, _ = requantized
+
+    def depthwise_requantized(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        acc = _depthwise_nhwc_numpy(x, w, stride, dilation, pads, x_zero, np.empty(out.shape, w.dtype))
+        return _requantize_numpy(acc, bias, scale, zero_point, lo, hi, out)
+
+    return depthwise_requantized
 
 
 def _batch_product_kernel_numpy(transpose_b: bool) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
@@ -218,7 +229,9 @@ def _compile() -> Optional[dict[str, Callable]]:
         K.nchw(xp, w, *stride, *dilation, out)
         return out
 
-    def depthwise_nhwc_kernel(w, stride, dilation, pads, x_zero, bias=None, lo=-np.inf, hi=np.inf):
+    def depthwise_nhwc_kernel(w, stride, dilation, pads, x_zero, bias=None, lo=-np.inf, hi=np.inf, requantized=None):
+        if requantized is not None:
+            return _depthwise_requantized(w, stride, dilation, pads, x_zero, bias, lo, hi, requantized)
         sh, sw = stride
         clamp = lo != -np.inf or hi != np.inf
         rows: dict = {}  # (output width, dtype) -> (weights, bias) tiled across an output row
@@ -238,33 +251,12 @@ def _compile() -> Optional[dict[str, Callable]]:
                                    no_bias if bias is None else np.tile(np.asarray(bias, dtype), ow))
             return rows[ow, dtype]
 
-        vector_args: dict = {}  # x's dtype -> (w, bias, padded value) for nhwc_3x3_vectors
-        site = cores.CallSite()  # this layer's one-thread time, for the second-core rule
-
-        def vectors(x, out) -> bool:
-            """nhwc_3x3_vectors where it applies: 3x3, float32 sums, 16 channels or more."""
-            c = x.shape[3]
-            if not (pixelwise and c >= K.LANES and out.dtype == np.float32 and x.dtype in _VECTOR_INPUTS
-                    and not (x_zero and x.dtype == np.float32)):  # float data with a zero point: nhwc_3x3
-                return False
-            S, thread = both_cores()
-            if x.dtype not in vector_args:  # the call's arguments but x and out, made once per dtype
-                no_bias = np.full(c, -0.0, np.float32)  # x + -0.0 is x: the same bits as no bias
-                f32, kind = np.float32, S.INPUT_KINDS[x.dtype]
-                vector_args[x.dtype] = (
-                    (S.NHWC_3X3_CHUNKS[kind].address, thread.job, kind),
-                    (np.full(c, x_zero, x.dtype), f32(x_zero), np.ascontiguousarray(w, np.float32),
-                     no_bias if bias is None else np.ascontiguousarray(bias, np.float32), f32(lo), f32(hi), sh, sw,
-                     *dilation, pads[0], pads[2]))
-            head, tail = vector_args[x.dtype]
-            thread.run(S.nhwc_3x3_shared, (*head, np.ascontiguousarray(x), *tail, out),
-                       site)
-            return True
+        vectors = _vectors_3x3(w, stride, dilation, pads, x_zero, bias, lo, hi) if pixelwise else None
 
         def depthwise(x, out):
             kind = out.dtype.type  # the zero point and the padding's zero in the accumulator's type
             n, h, width, c = x.shape
-            if vectors(x, out):
+            if vectors is not None and vectors(x, out):
                 return out
             if pixelwise and c >= PIXELWISE_MIN_CHANNELS and out.dtype.kind == "f" and (
                     x.dtype == out.dtype or x.dtype.kind in "iu"):
@@ -284,6 +276,54 @@ def _compile() -> Optional[dict[str, Callable]]:
             return out
 
         return depthwise
+
+    def _vectors_3x3(w, stride, dilation, pads, x_zero, bias, lo, hi, requantized=None):
+        """A 3x3 layer's call of nhwc_3x3_vectors (conv_shared_jit.nhwc_3x3_shared): (x, out) -> whether
+        it applied: float32 sums (float data without a zero point, or int8 data) of 16 channels or
+        more into a float32 out, or with `requantized` into the int8 storage, requantized there."""
+        call_args: dict = {}  # (x's dtype, out's dtype) -> the call's arguments but x and out, made once
+        site = cores.CallSite()  # this layer's one-thread time, for the second-core rule
+        f32 = np.float32
+
+        def vectors(x, out) -> bool:
+            c = x.shape[3]
+            if not (c >= K.LANES and x.dtype in _VECTOR_INPUTS and w.dtype == np.float32
+                    and not (x_zero and x.dtype == np.float32)):  # float data with a zero point: nhwc_3x3
+                return False
+            S, thread = both_cores()
+            key = (x.dtype, out.dtype)
+            if key not in call_args:
+                if key not in S.KINDS or (requantized is None) != (out.dtype == np.float32):
+                    return False
+                no_bias = np.full(c, -0.0, np.float32)  # x + -0.0 is x: the same bits as no bias
+                scale, zero = (np.empty(0, f32), f32(0)) if requantized is None else (
+                    np.ascontiguousarray(np.broadcast_to(requantized[0], (c,)), f32), f32(requantized[1]))
+                kind = S.KINDS[key]
+                call_args[key] = (
+                    (S.NHWC_3X3_CHUNKS[kind].address, thread.job, kind),
+                    (np.full(c, x_zero, x.dtype), f32(x_zero), np.ascontiguousarray(w, np.float32),
+                     no_bias if bias is None else np.ascontiguousarray(bias, np.float32), scale, zero, f32(lo),
+                     f32(hi), *stride, *dilation, pads[0], pads[2]))
+            head, tail = call_args[key]
+            thread.run(S.nhwc_3x3_shared, (*head, np.ascontiguousarray(x), *tail, out), site)
+            return True
+
+        return vectors
+
+    def _depthwise_requantized(w, stride, dilation, pads, x_zero, bias, lo, hi, requantized):
+        """depthwise_nhwc_kernel with `requantized`: a 3x3 layer of int8 data with a float32 bias
+        requantized in nhwc_3x3_vectors' registers, others summed and then requantized in a pass."""
+        scale, zero_point, _ = requantized
+        sums = depthwise_nhwc_kernel(w, stride, dilation, pads, x_zero)
+        fused = w.shape[:2] == (3, 3) and bias is not None and bias.dtype == np.float32
+        vectors = _vectors_3x3(w, stride, dilation, pads, x_zero, bias, lo, hi, requantized) if fused else None
+
+        def depthwise_requantized(x, out):
+            if vectors is not None and x.dtype.kind in "iu" and vectors(x, out):
+                return out
+            return requantize(sums(x, np.empty(out.shape, w.dtype)), bias, scale, zero_point, lo, hi, out)
+
+        return depthwise_requantized
 
     def depthwise_nhwc(x, w, stride, dilation, pads, x_zero, out, bias=None, lo=-np.inf, hi=np.inf):
         return depthwise_nhwc_kernel(w, stride, dilation, pads, x_zero, bias, lo, hi)(x, out)

@@ -232,6 +232,8 @@ from numba.extending import intrinsic  # noqa: E402
 
 from .vnni_jit import _V16F, LANES, _arrays, _fma, _splat, _vector_at  # noqa: E402
 
+_V16I32, _V16I8 = ir.VectorType(ir.IntType(32), LANES), ir.VectorType(ir.IntType(8), LANES)
+
 
 def _load_floats(context, builder, x_t, x_arr, indices):
     """16 consecutive elements of x from `indices` on, as float32 (int8 and uint8 data exactly)."""
@@ -252,15 +254,19 @@ def _depthwise_3x3(checked: bool):
     is multiplied then added, each rounded, as numpy does; int8 data (x - xz, exact in float32,
     as are all its sums: the caller's check) is summed with fmas, the same exact values in half
     the instructions. `checked`: a tap outside x reads the padded value (0, or xz for int8
-    data: 0 once shifted) from a clamped address; else every tap must lie inside x."""
+    data: 0 once shifted) from a clamped address; else every tap must lie inside x. An int8 or
+    uint8 `out` takes the requantized sums (int8 data): after the bias, rint(v * scale) + zero,
+    then clamped, as requantize_rows."""
     @intrinsic
-    def run(typingctx, x, w, bias, xz, lo, hi, out, n, y, r0, px_a, px_b, sw, dh, dw, left, c0):
+    def run(typingctx, x, w, bias, scale, zero, xz, lo, hi, out, n, y, r0, px_a, px_b, sw, dh, dw, left, c0):
         def codegen(context, builder, sig, args):
-            x_t, w_t, b_t = sig.args[:3]
-            out_t = sig.args[6]
-            x_arr, w_arr, b_arr, out_arr = _arrays(context, builder, sig, args, (0, 1, 2, 6))
-            xz_v, lo_v, hi_v = (_splat(builder, args[i], _V16F) for i in (3, 4, 5))
-            n, y, r0, px_a, px_b, sw, dh, dw, left, c0 = args[7:]
+            x_t, w_t, b_t, s_t = sig.args[:4]
+            out_t = sig.args[8]
+            x_arr, w_arr, b_arr, s_arr, out_arr = _arrays(context, builder, sig, args, (0, 1, 2, 3, 8))
+            zero_f, xz_v, lo_v, hi_v = (_splat(builder, args[i], _V16F) for i in (4, 5, 6, 7))
+            n, y, r0, px_a, px_b, sw, dh, dw, left, c0 = args[9:]
+            requantize = isinstance(out_t.dtype, types.Integer)
+            rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F]), "llvm.rint.v16f32")
             integer = not isinstance(x_t.dtype, types.Float)
             intp = cgutils.intp_t
             consts = [ir.Constant(intp, i) for i in range(3)]
@@ -269,6 +275,7 @@ def _depthwise_3x3(checked: bool):
             taps = [builder.load(_vector_at(context, builder, w_t, w_arr, [consts[i], consts[k], c0]), align=4)
                     for i in range(3) for k in range(3)]
             b_v = builder.load(_vector_at(context, builder, b_t, b_arr, [c0]), align=4)
+            s_v = builder.load(_vector_at(context, builder, s_t, s_arr, [c0]), align=4) if requantize else None
             rows = [builder.add(r0, builder.mul(dh, consts[i])) for i in range(3)]
 
             def inside(index, size):  # 0 <= index < size, and index clamped into [0, size)
@@ -296,11 +303,18 @@ def _depthwise_3x3(checked: bool):
                         else:
                             acc = _fma(builder, v, tap, acc) if integer else builder.fadd(acc, builder.fmul(v, tap))
                 acc = builder.fadd(acc, b_v)
+                if requantize:
+                    acc = builder.fadd(builder.call(rint, [builder.fmul(acc, s_v)]), zero_f)
                 acc = builder.select(builder.fcmp_ordered("<", acc, lo_v), lo_v, acc)
                 acc = builder.select(builder.fcmp_ordered(">", acc, hi_v), hi_v, acc)
-                builder.store(acc, _vector_at(context, builder, out_t, out_arr, [n, y, px, c0]), align=4)
+                if requantize:
+                    at = cgutils.get_item_pointer(context, builder, out_t, out_arr, [n, y, px, c0], wraparound=False)
+                    builder.store(builder.trunc(builder.fptosi(acc, _V16I32), _V16I8),
+                                  builder.bitcast(at, _V16I8.as_pointer()), align=1)
+                else:
+                    builder.store(acc, _vector_at(context, builder, out_t, out_arr, [n, y, px, c0]), align=4)
             return context.get_dummy_value()
-        return types.void(x, w, bias, xz, lo, hi, out, n, y, r0, px_a, px_b, sw, dh, dw, left, c0), codegen
+        return types.void(x, w, bias, scale, zero, xz, lo, hi, out, n, y, r0, px_a, px_b, sw, dh, dw, left, c0), codegen
     return run
 
 
@@ -308,8 +322,9 @@ _DEPTHWISE_INSIDE, _DEPTHWISE_CHECKED = _depthwise_3x3(False), _depthwise_3x3(Tr
 
 
 @numba.njit(cache=True, inline="always")
-def _pixel_3x3(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, n, y, px, ch_lo, ch_hi):
-    """Channels ch_lo..ch_hi of one output pixel, nhwc_3x3's steps (a tap outside x reads `padded`)."""
+def _pixel_3x3(x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out, n, y, px, ch_lo, ch_hi):
+    """Channels ch_lo..ch_hi of one output pixel, nhwc_3x3's steps (a tap outside x reads `padded`);
+    requantized where `scale` is given (an integer out), as _depthwise_3x3."""
     h, width = x.shape[1], x.shape[2]
     r0, c0 = y * sh - top, px * sw - left
     o = out[n, y, px]
@@ -323,21 +338,26 @@ def _pixel_3x3(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, n
                 product = (np.float32(t) - xz) * w[i, k, ch]
                 acc = product if i == 0 and k == 0 else acc + product
         acc = acc + bias[ch]
+        if scale.shape[0]:
+            acc = np.rint(np.float32(acc * scale[ch])) + zero
         acc = lo if acc < lo else acc
         o[ch] = hi if acc > hi else acc
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def nhwc_3x3_vectors(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out):
+def nhwc_3x3_vectors(x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out):
     """nhwc_3x3 with every channel's epilogue given (a -0.0 bias and infinite bounds change
     nothing: x + -0.0 is x, -0.0 included), out float32 and x float32 without a zero point or
     int8 data: 16 channels a vector (`_depthwise_3x3`; the border pixels reading the padded
-    value), the channels past a multiple of 16 one at a time; the same values as nhwc_3x3."""
-    nhwc_3x3_rows(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, 0, out.shape[0] * out.shape[1])
+    value), the channels past a multiple of 16 one at a time; the same values as nhwc_3x3.
+    With int8 data and an int8 or uint8 out, the sums requantized as requantize_rows would
+    (scale [C] and zero; else scale is empty): the same bits, without their float32 pass."""
+    nhwc_3x3_rows(x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out, 0,
+                  out.shape[0] * out.shape[1])
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def nhwc_3x3_rows(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, q0, q1):
+def nhwc_3x3_rows(x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out, q0, q1):
     """nhwc_3x3_vectors' output rows q0..q1, row q being image q // OH's row q % OH."""
     h, width, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
@@ -349,14 +369,15 @@ def nhwc_3x3_rows(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out
         r0 = y * sh - top
         for c0 in range(0, vectors, LANES):
             if r0 < 0 or r0 + 2 * dh >= h:
-                _DEPTHWISE_CHECKED(x, w, bias, xz, lo, hi, out, n, y, r0, 0, ow, sw, dh, dw, left, c0)
+                _DEPTHWISE_CHECKED(x, w, bias, scale, zero, xz, lo, hi, out, n, y, r0, 0, ow, sw, dh, dw, left, c0)
             else:
-                _DEPTHWISE_CHECKED(x, w, bias, xz, lo, hi, out, n, y, r0, 0, a, sw, dh, dw, left, c0)
-                _DEPTHWISE_INSIDE(x, w, bias, xz, lo, hi, out, n, y, r0, a, b, sw, dh, dw, left, c0)
-                _DEPTHWISE_CHECKED(x, w, bias, xz, lo, hi, out, n, y, r0, b, ow, sw, dh, dw, left, c0)
+                _DEPTHWISE_CHECKED(x, w, bias, scale, zero, xz, lo, hi, out, n, y, r0, 0, a, sw, dh, dw, left, c0)
+                _DEPTHWISE_INSIDE(x, w, bias, scale, zero, xz, lo, hi, out, n, y, r0, a, b, sw, dh, dw, left, c0)
+                _DEPTHWISE_CHECKED(x, w, bias, scale, zero, xz, lo, hi, out, n, y, r0, b, ow, sw, dh, dw, left, c0)
         if vectors < c:
             for px in range(ow):
-                _pixel_3x3(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, n, y, px, vectors, c)
+                _pixel_3x3(x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out, n, y, px,
+                               vectors, c)
 
 
 # (nhwc_3x3_vectors is compiled inside conv_shared_jit.nhwc_3x3_shared, in that module's KERNELS)

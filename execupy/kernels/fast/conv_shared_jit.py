@@ -134,43 +134,48 @@ WINDOWS_CHUNKS = numba.cfunc(_CFUNC, cache=True)(_windows_chunks) if FMA else No
 # 3x3 depthwise (conv_jit.nhwc_3x3_vectors): output rows in chunks taken by the caller (from the top) and the second core's
 # thread (from the bottom), as gemm_jit.windows_shared's 1x1 convs split theirs: the rows a core
 # wrote in one layer are, mostly, the rows it reads in the next. The job block's fields: x's
-# address, shape and kind (INPUT_KINDS), padded's, w's, bias's and out's addresses, out's rows
-# and columns, the strides, dilations and pads; xz, lo and hi (float32) ride in xbuf[:3].
+# address, shape and kind (KINDS), padded's, w's, bias's, scale's (and its length) and out's
+# addresses, out's rows and columns, the strides, dilations and pads; xz, lo, hi and zero
+# (float32) ride in xbuf[:4].
 (DW_X_AT, DW_N, DW_H, DW_W, DW_C, DW_KIND, DW_PADDED_AT, DW_W_AT, DW_BIAS_AT, DW_OUT_AT, DW_OH, DW_OW, DW_SH, DW_SW,
- DW_DH, DW_DW, DW_TOP, DW_LEFT, DW_CHUNK) = range(FIELDS, FIELDS + 19)
-INPUT_KINDS = {np.dtype(np.float32): 0, np.dtype(np.int8): 1, np.dtype(np.uint8): 2}
+ DW_DH, DW_DW, DW_TOP, DW_LEFT, DW_CHUNK, DW_SCALE_AT, DW_SCALES) = range(FIELDS, FIELDS + 21)
+# (x's dtype, out's dtype) -> the kind's number: float sums of float or integer data, and the
+# requantized sums of integer data
+KINDS = {(np.dtype(x), np.dtype(out)): i for i, (x, out) in enumerate(
+    [(np.float32, np.float32), (np.int8, np.float32), (np.uint8, np.float32), (np.int8, np.int8),
+     (np.uint8, np.uint8)])}
 DEPTHWISE_CHUNKS = 16  # about this many chunks of rows per layer, shared by both threads
 
 
 @numba.njit(cache=True, inline="always")
-def _depthwise_chunks(job, from_back, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out):
+def _depthwise_chunks(job, from_back, x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out):
     rows, chunk = out.shape[0] * out.shape[1], job[DW_CHUNK]
     while True:
         c = next_chunk(job, from_back)
         if c < 0:
             return
-        nhwc_3x3_rows(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out, c * chunk,
+        nhwc_3x3_rows(x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out, c * chunk,
                       min(rows, (c + 1) * chunk))
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def nhwc_3x3_shared(ctrl, xbuf, scratch, fn, job, kind, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left,
-                    out, share):
+def nhwc_3x3_shared(ctrl, xbuf, scratch, fn, job, kind, x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw,
+                    top, left, out, share):
     """nhwc_3x3_vectors, with `share` its rows in chunks taken by this thread and the second core's
-    (fn: the C function for x's kind, NHWC_3X3_CHUNKS[kind]'s address; job: the second thread's job
-    block, which only a sharing call may use). The same bits either way. Returns 0."""
+    (fn: the C function for x's and out's kind, NHWC_3X3_CHUNKS[kind]'s address; job: the second
+    thread's job block, which only a sharing call may use). The same bits either way. Returns 0."""
     if not share:
-        nhwc_3x3_vectors(x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out)
+        nhwc_3x3_vectors(x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out)
         return 0
-    nhwc_3x3_job(job, xbuf, kind, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out)
+    nhwc_3x3_job(job, xbuf, kind, x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out)
     seq = post_chunks(ctrl, job, fn)
-    _depthwise_chunks(job, False, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out)
+    _depthwise_chunks(job, False, x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out)
     join_chunks(ctrl, seq)
     return 0
 
 
 @numba.njit(cache=True)
-def nhwc_3x3_job(job, xbuf, kind, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw, top, left, out):
+def nhwc_3x3_job(job, xbuf, kind, x, padded, xz, w, bias, scale, zero, lo, hi, sh, sw, dh, dw, top, left, out):
     """Write nhwc_3x3_vectors' call into a job block (and xbuf), its chunks opened."""
     rows = out.shape[0] * out.shape[1]
     chunk = max(1, -(-rows // DEPTHWISE_CHUNKS))
@@ -178,28 +183,30 @@ def nhwc_3x3_job(job, xbuf, kind, x, padded, xz, w, bias, lo, hi, sh, sw, dh, dw
     job[DW_KIND], job[DW_PADDED_AT], job[DW_W_AT], job[DW_BIAS_AT] = kind, padded.ctypes.data, w.ctypes.data, bias.ctypes.data
     job[DW_OUT_AT], job[DW_OH], job[DW_OW], job[DW_SH], job[DW_SW] = out.ctypes.data, out.shape[1], out.shape[2], sh, sw
     job[DW_DH], job[DW_DW], job[DW_TOP], job[DW_LEFT], job[DW_CHUNK] = dh, dw, top, left, chunk
-    xbuf[0], xbuf[1], xbuf[2] = xz, lo, hi
+    job[DW_SCALE_AT], job[DW_SCALES] = scale.ctypes.data, scale.shape[0]
+    xbuf[0], xbuf[1], xbuf[2], xbuf[3] = xz, lo, hi, zero
     open_chunks(job, -(-rows // chunk))
 
 
-def _nhwc_3x3_chunks_of(dtype):
+def _nhwc_3x3_chunks_of(dtype, out_dtype):
     def chunks(job_at, _1, _2, _3, _4, _5, _6, _7, xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
         # nhwc_3x3_shared's job on the second core's thread: its arrays again from the job block
         job = numba.carray(_pointer(job_at), JOB_SLOTS, np.int64)
-        consts = numba.carray(_pointer(xbuf_at), 3, np.float32)
+        consts = numba.carray(_pointer(xbuf_at), 4, np.float32)
         c = job[DW_C]
         x = numba.carray(_pointer(job[DW_X_AT]), (job[DW_N], job[DW_H], job[DW_W], c), dtype)
-        out = numba.carray(_pointer(job[DW_OUT_AT]), (job[DW_N], job[DW_OH], job[DW_OW], c), np.float32)
+        out = numba.carray(_pointer(job[DW_OUT_AT]), (job[DW_N], job[DW_OH], job[DW_OW], c), out_dtype)
         _depthwise_chunks(job, True, x, numba.carray(_pointer(job[DW_PADDED_AT]), c, dtype), consts[0],
                           numba.carray(_pointer(job[DW_W_AT]), (3, 3, c), np.float32),
-                          numba.carray(_pointer(job[DW_BIAS_AT]), c, np.float32), consts[1], consts[2],
-                          job[DW_SH], job[DW_SW], job[DW_DH], job[DW_DW], job[DW_TOP], job[DW_LEFT], out)
+                          numba.carray(_pointer(job[DW_BIAS_AT]), c, np.float32),
+                          numba.carray(_pointer(job[DW_SCALE_AT]), job[DW_SCALES], np.float32), consts[3],
+                          consts[1], consts[2], job[DW_SH], job[DW_SW], job[DW_DH], job[DW_DW], job[DW_TOP],
+                          job[DW_LEFT], out)
     return chunks
 
 
-# The thread's part as C functions, one per kind of x (compiled at import, or read from numba's cache).
-NHWC_3X3_CHUNKS = tuple(numba.cfunc(_CFUNC, cache=True)(_nhwc_3x3_chunks_of(dtype))
-                        for dtype in INPUT_KINDS)
+# The thread's part as C functions, one per kind (compiled at import, or read from numba's cache).
+NHWC_3X3_CHUNKS = tuple(numba.cfunc(_CFUNC, cache=True)(_nhwc_3x3_chunks_of(*kind)) for kind in KINDS)
 
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
