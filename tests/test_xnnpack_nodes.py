@@ -302,17 +302,26 @@ def test_a_swiglus_three_nodes_run_as_one_compiled_call(programs):
 @pytest.mark.parametrize("name, runs", [("fp32_classifier", 1), ("static_int8_classifier", 2)])
 def test_a_classifiers_one_row_is_a_shared_mat_vec(programs, name, runs, monkeypatch):
     """One row through a large filter reads it on both cores (dense.matvec_kernel), once per exact
-    float32 run of an int8 filter, and still gives ExecuTorch's outputs (the case above)."""
+    float32 run of an int8 filter, and still gives ExecuTorch's outputs (the case above). Where
+    the CPU has AVX512-VNNI an int8 filter's runs are int8 products instead (a quarter of the bytes)."""
     from execupy.kernels.fast import dense
+    from execupy.kernels.fast import xnnpack_gemm as XG
 
     if dense.matvec_kernel(decode_steps=False) is None:
         pytest.skip("numba (the `fast` extra) is not installed")
     calls = []
-    monkeypatch.setattr(dense, "_LOADED", [lambda site, w, x, out: calls.append(w.shape) or np.matmul(w, x, out=out)])
+    monkeypatch.setattr(dense, "_LOADED", [lambda site, w, x, out: calls.append(("matvec", *w.shape))
+                                           or np.matmul(w, x, out=out)])
+    vnni = name.startswith("static_int8") and XG.NUMBA["vnni"]
+    bind = XG.bind_channelwise
+    monkeypatch.setattr(XG, "bind_channelwise", lambda w, *rest, **kw: calls.append(("vnni", *w.shape))
+                        or bind(w, *rest, **kw))
     folder, report = programs
     assert report[name] == "ok", f"ExecuTorch could not lower or run the case: {report[name]}"
     _, expected, got = worker_case_outputs(folder, name)
-    assert len(calls) == runs and sum(k for _, k in calls) == (640 if runs == 1 else 3072)
+    # the filters' shapes: the mat-vec's rows [out, in], bind_channelwise's w [out, in] at load
+    assert len(calls) == runs and sum(k for _, _, k in calls) == (640 if runs == 1 else 3072)
+    assert {kind for kind, _, _ in calls} == {"vnni" if vnni else "matvec"}
     np.testing.assert_allclose(got[0].astype(np.float64), expected[0].astype(np.float64), rtol=0,
                                atol=0 if runs > 1 else 1e-5 * float(np.abs(expected[0]).max()))
 

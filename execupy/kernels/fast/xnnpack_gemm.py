@@ -354,9 +354,11 @@ def channelwise_words(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarray], from_float: bool = False
                      ) -> Callable[..., np.ndarray]:
     """(q, zp, x_scale) -> gemm_channelwise with w int8 [N, K] (signed), bound once: with
-    AVX512-VNNI a prompt's rows (from vnni_jit.ROWS on) run through vpdpbusd on weights laid out
-    for it here (xnnpack_gemm_jit.channelwise_rows), from PARALLEL_MIN_MACS multiply-adds on both
-    cores while kernels/cores.py's rule allows; other calls as gemm_channelwise. With `from_float`
+    AVX512-VNNI the rows run through vpdpbusd on weights laid out for it here
+    (xnnpack_gemm_jit.channelwise_rows; a single row too: 1 x 1280 x 1000 in 23 us on one core,
+    where gemm_channelwise's loop took 200), from PARALLEL_MIN_MACS multiply-adds (or, for a
+    few rows, a filter of cores.SHARE_MIN_BYTES) on both cores while kernels/cores.py's rule
+    allows; other calls as gemm_channelwise. With `from_float`
     x float32 [M, K] -> the product of quantize_rows(x) (`quantizing`), those rows quantized
     straight into the products' layout (xnnpack_gemm_jit.channelwise_from_float)."""
     w_scale = np.ascontiguousarray(w_scale, F32)
@@ -371,26 +373,22 @@ def bind_channelwise(w: np.ndarray, w_scale: np.ndarray, bias: Optional[np.ndarr
     bias_or_zeros = np.zeros(n, F32) if bias is None else np.ascontiguousarray(bias, F32)
     site = cores.PerRow()
 
+    few_rows_share = n * k >= cores.SHARE_MIN_BYTES  # a mat-vec's rule: its filter's bytes
+
     def run(kernel, m: int, *inputs) -> np.ndarray:
         out = np.empty((m, n), F32)
+        shared = m * n * k >= PARALLEL_MIN_MACS or (m < MATVEC_MAX_ROWS and few_rows_share)
         SECOND_THREAD.run(kernel, (K.CHANNELWISE_CHUNKS.address, SECOND_THREAD.job, *inputs, words, wsum, w_scale,
                                    bias_or_zeros, out),
-                          _prompt_site(site, m, n * k) if m * n * k >= PARALLEL_MIN_MACS else None)
+                          _prompt_site(site, m, n * k) if shared else None)
         return out
 
     def product(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray) -> np.ndarray:
-        m = q.shape[0]
-        if m < K.ROWS:
-            return general(q, zp, x_scale)
-        return run(K.channelwise_rows, m, np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32),
+        return run(K.channelwise_rows, q.shape[0], np.ascontiguousarray(q, np.int8), np.asarray(zp, np.int32),
                    np.asarray(x_scale, F32))
 
     def product_from_float(x: np.ndarray) -> np.ndarray:
-        m = x.shape[0]
-        if m < K.ROWS:
-            q, x_scale, zp = quantize_rows(x)
-            return general(q, zp, x_scale)
-        return run(K.channelwise_from_float, m, K.QUANTIZE_CHUNKS.address, np.ascontiguousarray(x, F32))
+        return run(K.channelwise_from_float, x.shape[0], K.QUANTIZE_CHUNKS.address, np.ascontiguousarray(x, F32))
 
     return product_from_float if from_float else product
 
