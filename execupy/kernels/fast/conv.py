@@ -59,10 +59,11 @@ int32 sum, then rounded to float32), float32 for float32 sums and bias (one corr
 add: the same float32, ~2x faster; the caller passes a float32 bias only where it holds the
 bias exactly).
 
-The kernels run on one thread: a MobileNet's depthwise layers take a fraction of a
-millisecond each, and on a machine whose other core is busy a second thread's turn can
-come a whole scheduler slice (milliseconds) later (measured: 0.3 ms serial, 8 ms on two
-threads while another process ran).
+The tiles and the 3x3 vector kernel share a call's rows with the second core's spinning thread
+(second_thread.py; chunks taken from the two ends, conv_shared_jit) while kernels/cores.py's
+rule says that core is free: a thread pool woken per call, or a busy core, would cost a
+scheduler slice (milliseconds) on layers of tens of microseconds. An int8 3x3 depthwise layer
+writes its requantized output from those registers (`depthwise_nhwc_kernel(requantized=...)`).
 
 `BACKEND` is "numba" when numba imports and EXECUPY_NUMBA is not 0, else "numpy"; both stay
 callable as `NUMPY[...]` / `NUMBA[...]` so a test can compare them on the same inputs.
