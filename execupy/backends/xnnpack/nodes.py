@@ -575,9 +575,9 @@ def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     # XNNPACK's int32 sums, exactly: float32 products over runs of inputs short enough that no
     # partial sum can pass 2**24, added up in float64 (half the bytes of a float64 filter); each
     # run's filter kept [out, in], a mat-vec's rows (BLAS reads its transposed view)
-    runs = [(a, b, np.ascontiguousarray(wt[a:b].T, F32)) for a, b in _exact_float32_runs(wt, x_val.datatype)]
+    bounds = _exact_float32_runs(wt, x_val.datatype)
     n_in, n_out = wt.shape
-    vnni = _fc_static_quant_vnni(wt, runs, x_val.datatype)
+    vnni = _fc_static_quant_vnni(wt, bounds, x_val.datatype)
     if vnni is not None:
         def step_vnni(vals: list) -> None:
             acc = bias + vnni(vals[x_id].reshape(-1, n_in))
@@ -585,6 +585,7 @@ def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
                                      out_val.datatype, lo, hi)
 
         return step_vnni
+    runs = [(a, b, np.ascontiguousarray(wt[a:b].T, F32)) for a, b in bounds]
     site = CallSite()  # BLAS's threads as blas_threads allows: a classifier's one row keeps one
     matvec = dense.matvec_kernel(decode_steps=False) if 4 * wt.size >= dense.SHARE_MIN_BYTES else None
     matvec_site = CallSite(assumed_serial_s(4 * wt.size))
@@ -609,7 +610,8 @@ def _fc_static_quant(node: Node, g, w: np.ndarray, has_bias: bool) -> Step:
     return step
 
 
-def _fc_static_quant_vnni(wt: np.ndarray, runs: list, x_datatype: str) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+def _fc_static_quant_vnni(wt: np.ndarray, runs: list[tuple[int, int]], x_datatype: str
+                          ) -> Optional[Callable[[np.ndarray], np.ndarray]]:
     """x int8/uint8 [M, in] -> float64 sum of x * w (wt [in, out], integers), each run's int32 sums
     through vpdpbusd (xnnpack_gemm.bind_channelwise with unit scales: float32 of each run's exact
     sum, exact as `runs` are cut), added in float64 as the BLAS path adds them: the same values.
@@ -618,7 +620,7 @@ def _fc_static_quant_vnni(wt: np.ndarray, runs: list, x_datatype: str) -> Option
     if XG.NUMBA is None or not XG.NUMBA["vnni"] or wt.min(initial=0) < -128 or wt.max(initial=0) > 127:
         return None
     ones = np.ones(wt.shape[1], F32)
-    products = [(a, b, XG.bind_channelwise(np.ascontiguousarray(wt[a:b].T, np.int8), ones, None)) for a, b, _ in runs]
+    products = [(a, b, XG.bind_channelwise(np.ascontiguousarray(wt[a:b].T, np.int8), ones, None)) for a, b in runs]
     unsigned = x_datatype == "quint8"  # x - 128 as int8 with a zero point of -128: the same sums
 
     def sums(x: np.ndarray) -> np.ndarray:
