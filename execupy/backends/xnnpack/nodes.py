@@ -806,14 +806,14 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
     cout, cin_g, kh, kw = w.shape
     x_val = g.values[f["input1_id"]]
     channels = x_val.dims[-1] if len(x_val.dims) == 4 else None
+    r = requantized  # the kernels' epilogue: their arguments after the filter (and a depthwise one's geometry)
+    finish = (r.bias, r.lo, r.hi, (r.scale, r.zero_point, r.storage)) if r is not None \
+        else (epilogue or (None, -np.inf, np.inf))
     if node.kind == "DepthwiseConv2d" and cin_g == 1 and channels == cout and FC.BACKEND == "numba":
         # integer inputs too: the caller picks float32 only where it holds every sum exactly
         w_hwc = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0).astype(dtype))  # (KH, KW, C)
-        r = requantized  # the sums requantized in the kernel (in its registers where it can)
-        kernel = FC.depthwise_nhwc_kernel(w_hwc, stride, dilation, (*pads[0], *pads[1]), x_zero, *(epilogue or ())) \
-            if r is None else FC.depthwise_nhwc_kernel(w_hwc, stride, dilation, (*pads[0], *pads[1]), x_zero, r.bias,
-                                                       r.lo, r.hi, (r.scale, r.zero_point, r.storage))
-        out_dtype = dtype if r is None else r.storage
+        kernel = FC.depthwise_nhwc_kernel(w_hwc, stride, dilation, (*pads[0], *pads[1]), x_zero, *finish)
+        out_dtype = dtype if r is None else r.storage  # requantized in the kernel (its registers where it can)
 
         def depthwise(x: np.ndarray) -> np.ndarray:
             n, h, width, _ = x.shape
@@ -828,9 +828,6 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
     wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, cout).astype(dtype))
     zero = dtype(x_zero)
     padded = any(p for pair in pads for p in pair)
-    r = requantized  # the product's epilogue: conv.gemm_kernel's and conv.windows_kernel's arguments after w
-    finish = (r.bias, r.lo, r.hi, (r.scale, r.zero_point, r.storage)) if r is not None \
-        else (epilogue or (None, -np.inf, np.inf))
     if (kh, kw) == (1, 1) and stride == (1, 1) and not padded:
         product = FC.gemm_kernel(wt, *finish)
 
