@@ -236,25 +236,37 @@ def test_gemm_kernel_numba_equals_numpy_within_rounding(m, k, n, epilogue):
         assert numbers.min() >= args[1] and numbers.max() <= args[2] and (numbers == args[2]).any()
 
 
-@pytest.mark.parametrize("m, k, n", GEMM_SHAPES)
+@pytest.mark.parametrize("m, k, n", GEMM_SHAPES + [(6400, 8, 48), (4, 4, 5)])
 @pytest.mark.parametrize("storage, zero, lo, hi", [(np.int8, -3, -128, 127), (np.uint8, 128, 0, 255)])
-def test_gemm_kernel_of_an_int8_conv_equals_numpy_bit_for_bit(m, k, n, storage, zero, lo, hi):
+@pytest.mark.parametrize("data", [np.uint8, np.int8])
+def test_gemm_kernel_of_an_int8_conv_equals_numpy_bit_for_bit(m, k, n, storage, zero, lo, hi, data, monkeypatch):
     """Integer data whose sums float32 holds (XNNPACK's int8 convs): the same exact sums in any
     order, so the float outputs and the requantized int8 ones are numpy's bits; the rows are
-    read as they are (uint8 here), the filter shifted by its zero point."""
+    read as they are, the filter shifted by its zero point. Where the CPU has VNNI and K is a
+    multiple of 4, the requantized product runs as int8 tiles (vpdpbusd, int8 data read as
+    x + 128): checked that it did."""
+    from execupy.kernels.fast import conv_shared_jit as S
+    from execupy.kernels.fast.vnni_jit import VNNI
+
     rng = np.random.default_rng(m + k * n)
-    rows = rng.integers(0, 256, (m, k)).astype(np.uint8)
-    w = rng.integers(-127, 128, (k, n)).astype(np.float32)
+    info = np.iinfo(data)
+    rows = rng.integers(info.min, info.max + 1, (m, k)).astype(data)
+    w = rng.integers(-128, 128, (k, n)).astype(np.float32)
+    w[0, 0], w[-1, -1] = -128, 127  # the int8 range's ends
     sums = FC.NUMBA["gemm_kernel"](w, None, -np.inf, np.inf)(rows)
     np.testing.assert_array_equal(sums, rows.astype(np.int64) @ w.astype(np.int64))
     bias = rng.integers(-5000, 5000, n).astype(np.float32)
-    scale = (rng.random(n) * 4e-4).astype(np.float32)
+    scale = (rng.random(n) * (4e-4 if data == np.uint8 else 2e-3)).astype(np.float32)  # int8 data's sums are smaller
     requantized = (scale, zero, storage)
+    int8_calls = []
+    if VNNI:
+        monkeypatch.setattr(S, "int8_shared", lambda *args, kernel=S.int8_shared: int8_calls.append(1) or kernel(*args))
     ours = FC.NUMBA["gemm_kernel"](w, bias, lo, hi, requantized)(rows)
     reference = FC.NUMPY["gemm_kernel"](w, bias, lo, hi, requantized)(rows)
     assert ours.dtype == reference.dtype == storage
     np.testing.assert_array_equal(ours, reference)
     assert ours.min() >= lo and ours.max() <= hi and len(np.unique(ours)) > min(20, m * n // 4)
+    assert bool(int8_calls) == (VNNI and k % 4 == 0)
 
 
 @pytest.mark.parametrize("size, channels, k, stride, dilation", [(12, 3, 3, 2, 1), (9, 8, 3, 1, 2), (7, 5, 2, 1, 1)])
@@ -357,6 +369,8 @@ from execupy.kernels.fast import conv as FC, conv_shared_jit as K
 w = np.ones((3, 20), np.float32)
 FC.NUMBA["gemm_kernel"](w, None, 0.0, 6.0)(np.ones((7, 3), np.float32))
 FC.NUMBA["gemm_kernel"](w, np.zeros(20, np.float32), -128, 127, (np.ones(20, np.float32), 0, np.int8))(np.ones((7, 3), np.uint8))
+FC.NUMBA["gemm_kernel"](np.ones((4, 20), np.float32), np.zeros(20, np.float32), -128, 127,
+                        (np.ones(20, np.float32), 0, np.int8))(np.ones((7, 4), np.int8))  # int8 tiles, where VNNI
 bases, offsets = np.arange(7, dtype=np.int64), np.arange(3, dtype=np.int64)
 FC.NUMBA["windows_kernel"](w, None, 0.0, 6.0)(np.ones(10, np.float32), bases, offsets)
 FC.NUMBA["windows_kernel"](w, np.zeros(20, np.float32), -128, 127, (np.ones(20, np.float32), 0, np.int8))(
@@ -381,7 +395,9 @@ def test_a_second_process_finds_the_gemm_and_shared_conv_kernels_in_numbas_cache
     from tests.numba_cache import two_processes_cache_stats
 
     first, second = two_processes_cache_stats(SHARED_CACHE_PROBE, tmp_path)
-    assert set(first) == {"windows_shared", "nhwc_3x3_shared"}
+    from execupy.kernels.fast.vnni_jit import VNNI
+
+    assert set(first) == {"windows_shared", "nhwc_3x3_shared"} | ({"int8_shared"} if VNNI else set())
     assert all(misses > 0 for _, misses in first.values())
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())
 
@@ -428,6 +444,39 @@ def test_the_second_threads_part_of_a_gemm_computes_what_one_thread_does(m, k, n
     job, xbuf = np.zeros(S.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
     S.windows_job(job, xbuf, *args, ours, 1)
     _thread_part(S.WINDOWS_CHUNKS, job, xbuf)
+    np.testing.assert_array_equal(ours, expected)
+    assert len(np.unique(expected)) > 10
+
+
+def _int8_case(m: int, k: int, n: int, seed: int = 0):
+    """int8_block's arguments but out (int8 data: its bytes flipped), and a new out."""
+    from execupy.kernels.fast import gemm_jit as G
+
+    rng, f32 = np.random.default_rng(seed), np.float32
+    w = G.int8_panels(rng.integers(-128, 128, (k, n)).astype(np.int8))
+    width = w.shape[0] * 16
+    args = (rng.integers(-128, 128, m * k).astype(np.int8), np.arange(0, m * k, k, dtype=np.int64),
+            np.arange(0, k, 4, dtype=np.int64), w, rng.integers(-5000, 5000, width).astype(np.int32),
+            rng.integers(-500, 500, width).astype(f32), (rng.random(width) * 0.002).astype(f32), f32(3), f32(-128),
+            f32(127), np.int32(-0x7F7F7F80))
+    return args, (lambda: np.empty((m, n), np.int8))
+
+
+@pytest.mark.skipif(not getattr(FC, "BACKEND", "") == "numba", reason="numba only")
+@pytest.mark.parametrize("m, k, n", [(100, 8, 48), (6400, 4, 16), (7, 16, 300), (25, 160, 1280), (13, 12, 17)])
+def test_the_second_threads_part_of_an_int8_gemm_computes_what_one_thread_does(m, k, n):
+    """The int8 tiles (VNNI) in chunks: the thread's C function, taking every chunk, writes the
+    one-thread call's bytes."""
+    from execupy.kernels.fast import conv_shared_jit as S, gemm_jit as G
+
+    if S.INT8_CHUNKS is None:
+        pytest.skip("no VNNI: the int8 tiles do not run")
+    args, new_out = _int8_case(m, k, n)
+    expected, ours = new_out(), new_out()
+    G.int8_block(*args, expected, 0, m, 0, args[3].shape[0])
+    job, xbuf = np.zeros(S.JOB_SLOTS, np.int64), np.zeros(8, np.float32)
+    S.int8_job(job, xbuf, *args, ours)
+    _thread_part(S.INT8_CHUNKS, job, xbuf)
     np.testing.assert_array_equal(ours, expected)
     assert len(np.unique(expected)) > 10
 
@@ -510,6 +559,7 @@ def test_convs_shared_with_the_second_thread_give_one_threads_bits():
     if S.WINDOWS_CHUNKS is None:
         pytest.skip("no FMA: the GEMM tiles do not run")
     cases = [_windows_case(m, k, n, q, seed=m) for m, k, n, q in [(600, 8, 48, False), (30, 16, 300, True)]]
+    int8_case = _int8_case(600, 16, 48)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, 24, 24, 32)).astype(np.float32)
     w, bias, f32 = rng.standard_normal((3, 3, 32)).astype(np.float32), np.zeros(32, np.float32), np.float32
@@ -522,6 +572,12 @@ def test_convs_shared_with_the_second_thread_give_one_threads_bits():
             expected, ours = new_out(), new_out()
             G.windows_product(*args, expected)
             SECOND_THREAD.call(S.windows_shared, (S.WINDOWS_CHUNKS.address, SECOND_THREAD.job, *args, ours, 1), True)
+            np.testing.assert_array_equal(ours, expected)
+        if S.INT8_CHUNKS is not None:
+            args, new_out = int8_case
+            expected, ours = new_out(), new_out()
+            G.int8_block(*args, expected, 0, args[1].shape[0], 0, args[3].shape[0])
+            SECOND_THREAD.call(S.int8_shared, (S.INT8_CHUNKS.address, SECOND_THREAD.job, *args, ours), True)
             np.testing.assert_array_equal(ours, expected)
         ours = np.empty_like(dw_expected)
         SECOND_THREAD.call(S.nhwc_3x3_shared, (S.NHWC_3X3_CHUNKS[0].address, SECOND_THREAD.job, 0, *dw_args, ours), True)

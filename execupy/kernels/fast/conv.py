@@ -38,7 +38,9 @@ requantize(rows @ w, bias, scale, zero_point, lo, hi), every sum of rows @ w an 
 holds (the caller's check). numpy's is BLAS's matmul then the epilogue; the compiled one
 (gemm_jit) sums a tile of outputs in registers and finishes it there, one pass: the two agree
 within float32 rounding, and bit for bit for the int8 convolution (exact sums, the same
-requantization steps).
+requantization steps). Where the CPU has VNNI, a requantized product of int8 or uint8 rows (K a
+multiple of 4, weights in int8's range) sums in int32 instead (gemm_jit.int8_block: four byte
+products an instruction, no float32 copy of the rows), the same sums and so the same bytes.
 `windows_kernel(w, bias, lo, hi, requantized=None)` is the same product for a convolution's
 windows read in place (an implicit im2col): (x, bases, offsets) -> rows r of
 x.flat[bases[r] + offsets[k]] times w, x float32 C-ordered (the padded input), bases and offsets
@@ -202,6 +204,7 @@ NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwis
 # channels; 80x80x16 138 -> 33 us).
 PIXELWISE_MIN_CHANNELS = 32
 _VECTOR_INPUTS = (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.uint8))  # what nhwc_3x3_vectors reads
+_VNNI_INPUTS = (np.dtype(np.int8), np.dtype(np.uint8))  # what gemm_jit.int8_block reads
 
 
 def _compile() -> Optional[dict[str, Callable]]:
@@ -400,6 +403,41 @@ def _compile() -> Optional[dict[str, Callable]]:
             return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
         return _windows(tiles, w.shape[1])
 
+    def _int8_tiles(tiles, w):
+        """gemm_kernel's product of int8 or uint8 rows on VNNI (gemm_jit.int8_block): rows -> out,
+        requantized; None where it does not apply (no VNNI, K not a multiple of 4, weights outside
+        int8). `tiles`: _tiles' float32 arguments, whose bias, scale and bounds it shares."""
+        from . import gemm_jit as G
+        from .vnni_jit import VNNI
+
+        (_, bias_p, scale_p, zero, lo, hi, requantize), storage = tiles
+        k, n = w.shape
+        if not (VNNI and requantize and k % 4 == 0 and np.all((w >= -128) & (w <= 127))):
+            return None
+        S, thread = both_cores()
+        w8 = w.astype(np.int8)
+        panels = G.int8_panels(w8)
+        # int8 data is read as x + 128 (bytes xor 0x80): the sums start at -128 * each column's weight sum
+        start = np.zeros(bias_p.shape[0], np.int32)
+        start[:n] = -128 * w8.sum(axis=0, dtype=np.int32)
+        starts = {np.dtype(np.int8): (start, np.int32(-0x7F7F7F80)),
+                  np.dtype(np.uint8): (np.zeros_like(start), np.int32(0))}
+        offsets, bases_of = np.arange(0, k, 4, dtype=np.int64), {}  # a row's quads of inputs; rows -> starts
+        site = cores.CallSite()  # this conv's one-thread time, for the second-core rule
+
+        def product(rows):
+            m = rows.shape[0]
+            if m not in bases_of:
+                bases_of[m] = np.arange(0, m * k, k, dtype=np.int64)
+            init, flip = starts[rows.dtype]
+            out = np.empty((m, n), storage)
+            thread.run(S.int8_shared, (S.INT8_CHUNKS.address, thread.job, np.ascontiguousarray(rows).reshape(-1).view(np.int8),
+                                       bases_of[m], offsets, panels, init, bias_p, scale_p, zero, lo, hi, flip,
+                                       out.view(np.int8)), site)
+            return out
+
+        return product
+
     def gemm_kernel(w, bias, lo, hi, requantized=None):
         from . import gemm_jit as G
 
@@ -407,10 +445,13 @@ def _compile() -> Optional[dict[str, Callable]]:
         if tiles is None:
             return blas
         windows = _windows(tiles, w.shape[1])
+        int8 = _int8_tiles(tiles, w)
         k = w.shape[0]
         offsets, bases_of = np.arange(k, dtype=np.int64), {}  # a row's inputs; rows -> each row's start
 
         def product(rows):
+            if int8 is not None and rows.dtype in _VNNI_INPUTS:
+                return int8(rows)
             m = rows.shape[0]
             if m < G.TILE_ROWS:  # a mat-vec: BLAS's reads w as fast
                 return blas(rows)

@@ -18,8 +18,9 @@ from numba import types
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .conv_jit import nhwc_3x3_rows, nhwc_3x3_vectors
-from .gemm_jit import FMA, LANES, TILE_PANELS, TILE_ROWS, windows_block
+from .gemm_jit import FMA, LANES, TILE_PANELS, TILE_ROWS, int8_block, windows_block
 from .second_thread_jit import FIELDS, JOB_SLOTS, _pointer, join_chunks, next_chunk, open_chunks, post_chunks
+from .vnni_jit import VNNI
 
 _CFUNC = types.void(*[types.int64] * 12)  # second_thread_jit's CALL: the job's fields, xbuf, scratch
 
@@ -130,6 +131,74 @@ def _windows_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, xbuf_at, _xbuf_size, _sc
 WINDOWS_CHUNKS = numba.cfunc(_CFUNC, cache=True)(_windows_chunks) if FMA else None
 
 
+# ---------------------------------------------------------------- int8 1x1 convs (VNNI)
+# gemm_jit.int8_block's tiles in windows_shared's chunks (the same job fields), two fields more:
+# the sums' starting values (init) and the flip of x's bytes. x and out travel as int8 bytes
+# (uint8 data and outputs too: the flip and the clamp bounds tell them apart).
+INIT_AT, FLIP = FIELDS + 17, FIELDS + 18
+
+
+@numba.njit(cache=True, inline="always")
+def _take_int8_chunks(job, from_back, x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out):
+    m, p_, rows, panels = bases.shape[0], w.shape[0], job[CHUNK_ROWS], job[CHUNK_PANELS]
+    across = -(-p_ // panels)
+    while True:
+        c = next_chunk(job, from_back)
+        if c < 0:
+            return
+        r0, p0 = (c // across) * rows, (c % across) * panels
+        int8_block(x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, r0, min(m, r0 + rows), p0,
+                   min(p_, p0 + panels))
+
+
+@numba.njit(cache=True, nogil=True)
+def int8_shared(ctrl, xbuf, scratch, fn, job, x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, share):
+    """gemm_jit.int8_block over all of out, with `share` in chunks taken by this thread and the
+    second core's (fn: INT8_CHUNKS's address; job: the second thread's job block). The same bits
+    either way. Returns 0."""
+    m, p_ = bases.shape[0], w.shape[0]
+    if not share:
+        int8_block(x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, 0, m, 0, p_)
+        return 0
+    int8_job(job, xbuf, x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out)
+    seq = post_chunks(ctrl, job, fn)
+    _take_int8_chunks(job, False, x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out)
+    join_chunks(ctrl, seq)
+    return 0
+
+
+@numba.njit(cache=True)
+def int8_job(job, xbuf, x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out):
+    """Write int8_shared's call into a job block (and xbuf), its chunks opened."""
+    m, p_ = bases.shape[0], w.shape[0]
+    rows, panels = _chunking(m, p_, 1)
+    job[X_AT], job[X_SIZE], job[BASES_AT], job[M_] = x.ctypes.data, x.shape[0], bases.ctypes.data, m
+    job[OFFSETS_AT], job[K_], job[W_AT], job[P_] = offsets.ctypes.data, offsets.shape[0], w.ctypes.data, p_
+    job[BIAS_AT], job[SCALE_AT], job[OUT_AT], job[N_] = bias.ctypes.data, scale.ctypes.data, out.ctypes.data, out.shape[1]
+    job[CHUNK_ROWS], job[CHUNK_PANELS], job[INIT_AT], job[FLIP] = rows, panels, init.ctypes.data, flip
+    xbuf[0], xbuf[1], xbuf[2] = zero, lo, hi
+    open_chunks(job, -(-m // rows) * -(-p_ // panels))
+
+
+def _int8_chunks(job_at, _1, _2, _3, _4, _5, _6, _7, xbuf_at, _xbuf_size, _scratch_at, _scratch_size):
+    # int8_shared's job on the second core's thread: its arrays again from the job block
+    job = numba.carray(_pointer(job_at), JOB_SLOTS, np.int64)
+    consts = numba.carray(_pointer(xbuf_at), 3, np.float32)
+    m, k, p_, n = job[M_], job[K_], job[P_], job[N_]
+    _take_int8_chunks(job, True, numba.carray(_pointer(job[X_AT]), job[X_SIZE], np.int8),
+                      numba.carray(_pointer(job[BASES_AT]), m, np.int64),
+                      numba.carray(_pointer(job[OFFSETS_AT]), k, np.int64),
+                      numba.carray(_pointer(job[W_AT]), (p_, k, LANES), np.int32),
+                      numba.carray(_pointer(job[INIT_AT]), p_ * LANES, np.int32),
+                      numba.carray(_pointer(job[BIAS_AT]), p_ * LANES, np.float32),
+                      numba.carray(_pointer(job[SCALE_AT]), p_ * LANES, np.float32), consts[0], consts[1], consts[2],
+                      np.int32(job[FLIP]), numba.carray(_pointer(job[OUT_AT]), (m, n), np.int8))
+
+
+# The thread's part as a C function, only where the int8 tiles can run.
+INT8_CHUNKS = numba.cfunc(_CFUNC, cache=True)(_int8_chunks) if VNNI else None
+
+
 # ---------------------------------------------------------------- 3x3 depthwise convs
 # 3x3 depthwise (conv_jit.nhwc_3x3_vectors): output rows in chunks taken by the caller (from the top) and the second core's
 # thread (from the bottom), as gemm_jit.windows_shared's 1x1 convs split theirs: the rows a core
@@ -211,4 +280,5 @@ NHWC_3X3_CHUNKS = tuple(numba.cfunc(_CFUNC, cache=True)(_nhwc_3x3_chunks_of(*kin
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
 # gemm_jit's windows_block and conv_jit's nhwc_3x3_vectors are compiled inside them).
-KERNELS = {"windows_shared": windows_shared, "nhwc_3x3_shared": nhwc_3x3_shared}
+KERNELS = {"windows_shared": windows_shared, "nhwc_3x3_shared": nhwc_3x3_shared,
+           **({"int8_shared": int8_shared} if VNNI else {})}

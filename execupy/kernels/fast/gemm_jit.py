@@ -20,6 +20,11 @@ LLVM IR, as vnni_jit's products are.
 The sums' order is XNNPACK's (bias first, then k = 0, 1, ...), not BLAS's: the two agree
 within float32 rounding, and exactly for integer-valued data whose sums float32 holds (the
 int8 convolutions' exact sums).
+
+Where the CPU has VNNI, an int8 convolution's tiles (`int8_block`) read its int8 or uint8 rows
+as they are, four inputs a 32-bit word, and sum them in int32 with vpdpbusd (four byte products
+per lane and instruction, against one float product per fma), then requantize in registers
+as the float tiles do: the same sums, the same bytes.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
-from .vnni_jit import _F32, _V16F, LANES, _arrays, _fma, _item, _splat, _vector_at, target_has
+from .vnni_jit import _F32, _I32, _V16F, LANES, _arrays, _fma, _item, _splat, _vector_at, _vpdpbusd, target_has
 
 # Without the instruction llvm.fma is a call to the C library's fmaf per lane: BLAS is faster there.
 FMA = target_has("fma")
@@ -113,6 +118,64 @@ def _tile(rows: int, panels: int, requantize: bool):
                     _masked_store(builder, v, at, builder.sub(n, col0[g]))
             return context.get_dummy_value()
         return types.void(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r0, p0), codegen
+    return tile
+
+
+def _int8_tile(panels: int):
+    """An intrinsic computing out[r0:r0 + TILE_ROWS, 16 p0: 16 (p0 + panels)] of an int8
+    convolution with VNNI: the int32 sums of int8 data and int8 weights (vpdpbusd: four byte
+    products a lane), requantized in registers with `_requantized`'s steps. Row r of X, inputs
+    4k..4k + 3: the four bytes at x[bases[r] + offsets[k]] (x flat int8 or uint8), xor `flip`
+    (0x80808080 for int8 data: x + 128 as the unsigned operand vpdpbusd takes; 0 for uint8);
+    w int32 [P, K/4, 16], four signed weights of one output per int32 (`int8_panels`); the sums
+    start from init int32 [P * 16] (-128 * the column's weight sum for int8 data), so they end
+    as the exact sum of x * w. Rows past r1 - 1 compute row r1 - 1 again (the same values
+    stored twice): one tile shape serves the rows left over."""
+    @intrinsic
+    def tile(typingctx, x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, r0, r1, p0):
+        def codegen(context, builder, sig, args):
+            x_t, base_t, off_t, w_t, init_t, b_t, s_t = sig.args[:7]
+            out_t = sig.args[11]
+            x_arr, base_arr, off_arr, w_arr, init_arr, b_arr, s_arr, out_arr = _arrays(
+                context, builder, sig, args, (0, 1, 2, 3, 4, 5, 6, 11))
+            zero_v, lo_v, hi_v = (_splat(builder, args[i], _V16F) for i in (7, 8, 9))
+            flip, r0, r1, p0 = args[10], args[12], args[13], args[14]
+            intp, dot = cgutils.intp_t, _vpdpbusd(builder)
+            last = builder.sub(r1, ir.Constant(intp, 1))
+            row_ids = []
+            for m in range(TILE_ROWS):
+                row = builder.add(r0, ir.Constant(intp, m))
+                row_ids.append(builder.select(builder.icmp_signed(">", row, last), last, row))
+            col0 = [builder.mul(builder.add(p0, ir.Constant(intp, g)), ir.Constant(intp, LANES)) for g in range(panels)]
+            accs = [[cgutils.alloca_once_value(builder, builder.load(
+                _vector_at(context, builder, init_t, init_arr, [c]), align=4)) for c in col0] for _ in row_ids]
+            first = ir.Constant(intp, 0)
+            row_bases = [_item(context, builder, base_t, base_arr, [row]) for row in row_ids]
+            quad_type = _I32.as_pointer()
+            with cgutils.for_range(builder, builder.extract_value(off_arr.shape, 0)) as loop:
+                k = loop.index
+                ws = [builder.load(_vector_at(context, builder, w_t, w_arr, [builder.add(p0, ir.Constant(intp, g)), k,
+                                                                               first]), align=4)
+                      for g in range(panels)]
+                offset = _item(context, builder, off_t, off_arr, [k])
+                for m in range(TILE_ROWS):
+                    at = cgutils.get_item_pointer(context, builder, x_t, x_arr, [builder.add(row_bases[m], offset)],
+                                                  wraparound=False)
+                    quad = builder.xor(builder.load(builder.bitcast(at, quad_type), align=1), flip)
+                    xv = _splat(builder, quad)
+                    for g in range(panels):
+                        builder.store(builder.call(dot, [builder.load(accs[m][g]), xv, ws[g]]), accs[m][g])
+            n = builder.extract_value(out_arr.shape, 1)
+            biases = [builder.load(_vector_at(context, builder, b_t, b_arr, [c]), align=4) for c in col0]
+            scales = [builder.load(_vector_at(context, builder, s_t, s_arr, [c]), align=4) for c in col0]
+            for m, row in enumerate(row_ids):
+                for g in range(panels):
+                    sums = builder.sitofp(builder.load(accs[m][g]), _V16F)  # exact: the caller's check
+                    v = _requantized(builder, sums, biases[g], scales[g], zero_v, lo_v, hi_v)
+                    at = cgutils.get_item_pointer(context, builder, out_t, out_arr, [row, col0[g]], wraparound=False)
+                    _masked_store(builder, v, at, builder.sub(n, col0[g]))
+            return context.get_dummy_value()
+        return types.void(x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, r0, r1, p0), codegen
     return tile
 
 
@@ -224,6 +287,32 @@ def windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, o
             _Q_ROW_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
         elif pairs < p1:
             _F_ROW_ONE(x, bases, offsets, w, bias, scale, zero, lo, hi, out, r, pairs)
+
+
+def int8_panels(w: np.ndarray) -> np.ndarray:
+    """W [K, N] of int8 values (K a multiple of 4) as the int8 tiles read it: int32 [P, K/4, 16],
+    byte t of [p, k, j] the weight of input 4k + t for output 16p + j; zeros past N."""
+    k, n = w.shape
+    count = -(-n // LANES)
+    padded = np.zeros((k, count * LANES), np.int8)
+    padded[:, :n] = w
+    quads = np.ascontiguousarray(padded.reshape(k // 4, 4, count, LANES).transpose(2, 0, 3, 1))
+    return quads.view(np.int32).reshape(count, k // 4, LANES)
+
+
+_I8_PAIR, _I8_ONE = _int8_tile(TILE_PANELS), _int8_tile(1)
+
+
+@numba.njit(cache=True, nogil=True)
+def int8_block(x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, r0, r1, p0, p1):
+    """Rows r0..r1 x panels p0..p1 (p0 even) of an int8 convolution's requantized output
+    (`_int8_tile`; VNNI only): tiles of TILE_ROWS rows x TILE_PANELS panels, then the odd panel."""
+    pairs = p1 - (p1 - p0) % TILE_PANELS
+    for r in range(r0, r1, TILE_ROWS):
+        for p in range(p0, pairs, TILE_PANELS):
+            _I8_PAIR(x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, r, r1, p)
+        if pairs < p1:
+            _I8_ONE(x, bases, offsets, w, init, bias, scale, zero, lo, hi, flip, out, r, r1, pairs)
 
 
 # (No KERNELS here: windows_product is compiled inside conv_shared_jit.windows_shared, whose
