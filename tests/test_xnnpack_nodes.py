@@ -74,6 +74,12 @@ CASES = {
         model="Fn2(nn.Conv2d(3, 4, 3, padding=1), lambda c, x: F.max_pool2d(c(x), 2).relu())",
         inputs="(torch.randn(2, 3, 8, 8),)", quant="static", nodes=["Conv2d", "MaxPooling2d"],
         datatypes=["qint8", "qcint8"]),
+    # a CNN's global average pool on int8 data: one compiled pass (quant.mean_quantized), the bits
+    # of the loader's, numpy's mean's and the storer's steps, which are ExecuTorch's here
+    "static_int8_global_pool": dict(
+        model="Fn2(nn.Conv2d(3, 24, 3, padding=1), lambda c, x: F.adaptive_avg_pool2d(c(x).relu(), 1))",
+        inputs="(torch.randn(2, 3, 9, 9),)", quant="static", nodes=["GlobalAvgPooling2d"], datatypes=["qint8"],
+        exact=True),
     "static_int8_depthwise_hardtanh": dict(
         model="nn.Sequential(nn.Conv2d(4, 8, 3, groups=4, padding=1), nn.Hardtanh(0, 6))",
         inputs="(torch.randn(1, 4, 7, 7),)", quant="static", nodes=["DepthwiseConv2d"], datatypes=["qint8"]),
@@ -356,3 +362,23 @@ def test_an_attentions_batched_products_and_many_row_linears_run_on_the_gemm_til
     # (ExecuTorch's lowering transposes the keys in a node of its own: both products read B as it lies)
     assert calls == [("batch", False, (4, 24, 16), (4, 16, 24)), ("batch", False, (4, 24, 24), (4, 24, 16)),
                      ("gemm", (10, 16), (16, 40)), ("gemm", (10, 40), (40, 40)), ("gemm", (10, 40), (40, 8))]
+
+
+def test_an_int8_global_pool_is_one_compiled_pass_with_numpys_bits(programs, monkeypatch):
+    """quant.mean_quantized against the loader, numpy mean and storer steps it replaces."""
+    from execupy.backends.xnnpack import quant as Q
+
+    folder, report = programs
+    assert report["static_int8_global_pool"] == "ok"
+    if Q._COMPILED is None:
+        pytest.skip("numba is not installed")
+    method = Program.load(str(folder / "static_int8_global_pool.pte")).load_method("forward")
+    (handle,) = method._delegate_handles.values()
+    assert "step_quantized" in [s.__name__ for s, kind in zip(handle.steps, handle.node_kinds)
+                                if kind == "GlobalAvgPooling2d"]
+    inputs, expected, _ = worker_case_outputs(folder, "static_int8_global_pool")
+    compiled = method.execute(inputs)
+    monkeypatch.setattr(Q, "_COMPILED", None)
+    plain = Program.load(str(folder / "static_int8_global_pool.pte")).load_method("forward").execute(inputs)
+    for ours, theirs in zip(compiled, plain, strict=True):
+        np.testing.assert_array_equal(ours, theirs)

@@ -277,6 +277,29 @@ def _global_avg_pool(node: Node, g):
     return lambda x: x.mean(axis=(1, 2), keepdims=keep, dtype=F32)
 
 
+def _global_avg_pool_node(node: Node, g) -> Step:
+    """The mean over H and W; 8-bit in and out in one compiled pass where it can (the
+    loader's, numpy's mean's and the storer's steps: the same bits)."""
+    plain = _with_fields(_global_avg_pool)(node, g)
+    src, out = node.fields["input_id"], node.fields["output_id"]
+    x_val, out_val = g.values[src], g.values[out]
+    mean = Q.mean_quantized((x_val.quant.zero_point, x_val.quant.scale[0]), node.output_min, node.output_max,
+                            out_val) if x_val.datatype in ("qint8", "quint8") and out_val.datatype in (
+                                "qint8", "quint8") and len(x_val.dims) == 4 else None
+    if mean is None:
+        return plain
+    shape = (1, 1) if len(out_val.dims) == 4 else ()  # keepdims
+
+    def step_quantized(vals: list) -> None:
+        y = mean(vals[src])
+        if y is None:
+            plain(vals)
+        else:
+            vals[out] = y.reshape(y.shape[0], *shape, y.shape[1])
+
+    return step_quantized
+
+
 def _leaky_relu(node: Node, g):
     slope = F32(node.fields["negative_slope"])
     return lambda x: np.where(x > 0, x, x * slope)
@@ -1034,7 +1057,7 @@ BUILDERS: dict[str, Callable[[Node, object], Step]] = {
     "StaticReshape": _layout(_reshape),
     "StaticSlice": _layout(_slice),
     "StaticConstantPad": _with_fields(_pad),
-    "GlobalAvgPooling2d": _with_fields(_global_avg_pool),
+    "GlobalAvgPooling2d": _global_avg_pool_node,
     "MaxPooling2d": _with_fields(_max_pool),
     "AvgPooling2d": _with_fields(_avg_pool),
     "StaticResizeBilinear2D": _with_fields(_resize_bilinear),

@@ -119,6 +119,30 @@ def binary_quantized(op: int, a_params: tuple[int, float], b_params: tuple[int, 
     return run
 
 
+def mean_quantized(x_params: tuple[int, float], lo: float, hi: float,
+                   out_value) -> Optional[Callable[[np.ndarray], Optional[np.ndarray]]]:
+    """q [N, H, W, C] -> the 8-bit mean over H and W as [N, C]: dequantize(q) (x_params: its zero
+    point and scale), numpy's float32 mean, clamped to [lo, hi] and quantized as `out_value` says,
+    in one compiled pass (the same bits). The function returns None for a single channel (numpy
+    then sums pairwise, not pixel after pixel); None where numba is missing."""
+    if _COMPILED is None:
+        return None
+    x_zero, x_scale = x_params
+    dtype, qlo, qhi = out_value.datatype, *QRANGE[out_value.datatype]
+    out_args = (lo != -np.inf or hi != np.inf, F32(lo), F32(hi), F32(1.0) / F32(out_value.quant.scale[0]),
+                F32(out_value.quant.zero_point), F32(qlo), F32(qhi))
+
+    def run(q: np.ndarray) -> Optional[np.ndarray]:
+        n, h, w, c = q.shape
+        if c < 2:
+            return None
+        out = np.empty((n, c), STORAGE[dtype])
+        _COMPILED.mean_into(np.ascontiguousarray(q).reshape(n, h * w, c), F32(x_zero), F32(x_scale), *out_args, out)
+        return out
+
+    return run
+
+
 def _compile():
     if quantized.BACKEND != "numba":
         return None
