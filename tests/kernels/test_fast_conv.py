@@ -269,6 +269,54 @@ def test_gemm_kernel_of_an_int8_conv_equals_numpy_bit_for_bit(m, k, n, storage, 
     assert bool(int8_calls) == (VNNI and k % 4 == 0)
 
 
+@pytest.mark.parametrize("data, x_zero", [(np.int8, -5), (np.uint8, 131), (np.int8, 0)])
+@pytest.mark.parametrize("m, quads, n", [(37, 9, 16), (6, 2, 48), (25, 40, 100)])
+def test_int8_windows_kernel_numba_equals_numpy(data, x_zero, m, quads, n):
+    """Windows read four bytes at a time (an int8 conv's pixels of 4 channels, or 4 pixels of a
+    row), x_zero taken off every input: the VNNI tiles' bytes are numpy's gather and matmul's."""
+    from execupy.kernels.fast.vnni_jit import VNNI
+
+    rng = np.random.default_rng(m + quads)
+    info = np.iinfo(data)
+    x = rng.integers(info.min, info.max + 1, 4000).astype(data)
+    bases = rng.integers(0, 4000 - 4 * 60, m).astype(np.int64)  # windows overlap, as a conv's do
+    offsets = rng.integers(0, 4 * 60, quads).astype(np.int64)
+    w = rng.integers(-128, 128, (4 * quads, n)).astype(np.float32)
+    bias, scale = rng.integers(-3000, 3000, n).astype(np.float32), (rng.random(n) * 2e-3).astype(np.float32)
+    args = (w, bias, -128, 127, (scale, 4, np.int8), x_zero)
+    reference = FC.NUMPY["int8_windows_kernel"](*args)(x, bases, offsets)
+    ours = FC.NUMBA["int8_windows_kernel"](*args)
+    if not VNNI:
+        assert ours is None
+        return
+    np.testing.assert_array_equal(ours(x, bases, offsets), reference)
+    assert len(np.unique(reference)) > 20
+
+
+def test_int8_convs_give_the_same_bytes_with_and_without_the_vnni_tiles(monkeypatch):
+    """ExecuTorch's int8 XNNPACK programs (the conformance corpus) and one of ours: each conv's
+    int32 tiles (1x1 convs, an image's 3x3 conv read as rows of 4 pixels) give the bytes of the
+    float32 tiles they replace (monkeypatched off: vnni_jit.VNNI read as False)."""
+    from execupy.kernels.fast import conv_shared_jit as S, vnni_jit
+    from execupy.runtime import Module
+    from tests.conformance import cases, flatten, load_inputs
+
+    programs = [(c.pte, load_inputs(c, c.manifest["runs"][0])) for c in cases("quant_xnnpack")
+                if "conv" in c.name or "cnn" in c.name or "mobilenet" in c.name]
+    if not programs:
+        pytest.skip("ExecuTorch's conformance corpus is not here")
+    calls = []
+    if vnni_jit.VNNI:
+        monkeypatch.setattr(S, "int8_shared", lambda *args, kernel=S.int8_shared: calls.append(1) or kernel(*args))
+    with_tiles = [flatten(Module(pte).forward(*inputs)) for pte, inputs in programs]
+    assert bool(calls) == vnni_jit.VNNI
+    monkeypatch.setattr(vnni_jit, "VNNI", False)
+    without = [flatten(Module(pte).forward(*inputs)) for pte, inputs in programs]
+    for ours, theirs in zip(with_tiles, without, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("size, channels, k, stride, dilation", [(12, 3, 3, 2, 1), (9, 8, 3, 1, 2), (7, 5, 2, 1, 1)])
 @pytest.mark.parametrize("requantize", [False, True])
 def test_windows_kernel_reads_a_convs_windows_in_place(size, channels, k, stride, dilation, requantize):

@@ -863,6 +863,7 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
         return pointwise
 
     windows = FC.windows_kernel(wt, *finish)
+    int8 = _int8_dense(w.astype(dtype), x_zero, stride, dilation, pads, finish) if r is not None else None
     offsets_of: dict = {}  # (padded input shape, layout) -> (each output pixel's window start, each input's offset)
     planes: dict = {}  # padded NCHW input shape -> its buffer (this step's own, reused by every call)
 
@@ -889,6 +890,8 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
         a time, 90 us of MobileNet's first conv)."""
         n, h, width, c = x.shape
         planar = c > 1 and x.transpose(0, 3, 1, 2).flags.c_contiguous
+        if int8 is not None and x.dtype.kind in "iu" and (y := int8(x, planar)) is not None:
+            return y
         (top, bottom), (left, right) = pads
         if planar:  # the border's zeros written once, at the first call of this shape
             shape = (n, c, h + top + bottom, width + left + right)
@@ -908,6 +911,65 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
         return windows(xp, bases, offsets).reshape(*out_shape, cout)
 
     return dense
+
+
+def _int8_dense(w: np.ndarray, x_zero: int, stride: tuple, dilation: tuple, pads: tuple, finish: tuple
+                ) -> Optional[Callable[[np.ndarray, bool], Optional[np.ndarray]]]:
+    """An int8 convolution's windows summed in int32 four bytes at a time (conv.int8_windows_kernel,
+    where the CPU has VNNI): (NHWC x, planar) -> its requantized NHWC output, or None where x's
+    layout does not suit. The quads: four channels of a pixel (Cin a multiple of 4), or, for an
+    input whose memory is NCHW (a network's image), four pixels along a row of one channel (KW <= 4
+    and no column dilation: the filter's columns past KW are zeros). The padded input is a copy
+    of x's bytes inside a border of x_zero (the kernel takes x_zero off every input). None where
+    the kernel does not run. `w`: the filter (out, in, KH, KW), integers, in the sums' float type."""
+    if FC.BACKEND != "numba":
+        return None
+    cout, cin, kh, kw = w.shape
+    pixel_quads = FC.int8_windows_kernel(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, cout)), *finish,
+                                         x_zero) if cin % 4 == 0 else None
+    row_quads = FC.int8_windows_kernel(np.ascontiguousarray(
+        np.pad(w, ((0, 0), (0, 0), (0, 0), (0, 4 - kw))).transpose(1, 2, 3, 0).reshape(-1, cout)), *finish,
+        x_zero) if kw <= 4 and dilation[1] == 1 else None
+    if pixel_quads is None and row_quads is None:
+        return None
+    (top, bottom), (left, right) = pads
+    layouts: dict = {}  # (x's shape and dtype, planar) -> the padded input's bytes, bases, offsets, out's shape
+
+    def layout(x: np.ndarray, planar: bool) -> tuple:
+        key = (x.shape, x.dtype, planar)
+        if key not in layouts:
+            n, h, width, c = x.shape
+            hp, wp = h + top + bottom, width + left + right
+            oh = conv_output_size(hp, kh, stride[0], 0, dilation[0])
+            ow = conv_output_size(wp, kw, stride[1], 0, dilation[1])
+            # C-ordered strides of the padded input (NCHW where planar): image, row, column, channel
+            sn, sh, sw, sc = (c * hp * wp, wp, 1, hp * wp) if planar else (hp * wp * c, wp * c, c, 1)
+            bases = (np.arange(n)[:, None, None] * sn + np.arange(oh)[None, :, None] * (stride[0] * sh)
+                     + np.arange(ow)[None, None, :] * (stride[1] * sw)).reshape(-1)
+            if planar:  # quads in (Cin, KH) order, each the row's KW pixels from the window's left
+                offsets = np.arange(c)[:, None] * sc + np.arange(kh)[None, :] * (dilation[0] * sh)
+            else:  # quads in (KH, KW, Cin / 4) order
+                offsets = (np.arange(kh)[:, None, None] * (dilation[0] * sh)
+                           + np.arange(kw)[None, :, None] * (dilation[1] * sw) + np.arange(0, c, 4)[None, None, :])
+            size = n * c * hp * wp
+            data = np.full(size + 4, x_zero, x.dtype)  # 4 bytes past the end: a row's last quad may read there
+            layouts[key] = (data, data[:size].reshape((n, c, hp, wp) if planar else (n, hp, wp, c)),
+                            bases.astype(np.int64), offsets.reshape(-1).astype(np.int64), (n, oh, ow))
+        return layouts[key]
+
+    def dense_int8(x: np.ndarray, planar: bool) -> Optional[np.ndarray]:
+        kernel = row_quads if planar else pixel_quads
+        if kernel is None:
+            return None
+        data, inside, bases, offsets, out_shape = layout(x, planar)
+        n, h, width, c = x.shape
+        if planar:
+            inside[:, :, top:top + h, left:left + width] = x.transpose(0, 3, 1, 2)
+        else:
+            inside[:, top:top + h, left:left + width] = x
+        return kernel(data, bases, offsets).reshape(*out_shape, -1)
+
+    return dense_int8
 
 
 def _exact_in_float32(w_shifted: np.ndarray, x_datatype: str, x_zero: int) -> bool:

@@ -45,6 +45,10 @@ products an instruction, no float32 copy of the rows), the same sums and so the 
 windows read in place (an implicit im2col): (x, bases, offsets) -> rows r of
 x.flat[bases[r] + offsets[k]] times w, x float32 C-ordered (the padded input), bases and offsets
 int64 element offsets.
+`int8_windows_kernel(w, bias, lo, hi, requantized, x_zero)` is the requantized product of int8 or
+uint8 windows read in place four bytes at a time: row r's inputs 4k..4k + 3 are the bytes at
+x.flat[bases[r] + offsets[k]], minus x_zero (a padded input's border holds x_zero). The compiled
+one is the VNNI tiles', None where they do not run (the caller keeps the float path).
 `batch_product_kernel(transpose_b)` is a batch of such products with no epilogue (an encoder's
 attention: queries @ keys.T, then probabilities @ values): (a [H, M, K], b [H, K, N], or
 [H, N, K] with transpose_b) -> a[h] @ b[h] (or @ b[h].T) [H, M, N], float32 C-ordered. numpy's
@@ -150,6 +154,19 @@ def _windows_kernel_numpy(w: np.ndarray, bias: Optional[np.ndarray], lo: float, 
     return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
 
 
+def _int8_windows_kernel_numpy(w: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float, requantized: tuple,
+                               x_zero: int) -> Callable[..., np.ndarray]:
+    """int8_windows_kernel: (x, bases, offsets) -> the requantized gemm_kernel product of rows whose
+    inputs 4k..4k + 3 are the bytes at x.flat[bases[r] + offsets[k]], each minus x_zero."""
+    product = _gemm_kernel_numpy(w, bias, lo, hi, requantized)
+
+    def windows(x: np.ndarray, bases: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        inputs = (offsets[:, None] + np.arange(4)).reshape(-1)
+        return product(x.reshape(-1)[bases[:, None] + inputs[None, :]].astype(w.dtype) - w.dtype.type(x_zero))
+
+    return windows
+
+
 def _pad_into_numpy(x: np.ndarray, x_zero: int, top: int, left: int, xp: np.ndarray) -> np.ndarray:
     """xp[:, top:top + H, left:left + W] = x - x_zero, in xp's dtype (the rest of xp is left as it is)."""
     inner = xp[:, top:top + x.shape[1], left:left + x.shape[2]]
@@ -194,7 +211,8 @@ NUMPY: dict[str, Callable] = {"depthwise_nchw": _depthwise_nchw_numpy, "depthwis
                               "depthwise_nhwc_kernel": _depthwise_nhwc_kernel_numpy, "bias_clamp": _bias_clamp_numpy,
                               "bias_clamp_kernel": _bias_clamp_kernel_numpy, "gemm_kernel": _gemm_kernel_numpy,
                               "windows_kernel": _windows_kernel_numpy, "pad_into": _pad_into_numpy,
-                              "requantize": _requantize_numpy, "batch_product_kernel": _batch_product_kernel_numpy}
+                              "requantize": _requantize_numpy, "batch_product_kernel": _batch_product_kernel_numpy,
+                              "int8_windows_kernel": _int8_windows_kernel_numpy}
 
 # ---------------------------------------------------------------------------- numba
 
@@ -403,10 +421,12 @@ def _compile() -> Optional[dict[str, Callable]]:
             return lambda x, bases, offsets: product(x.reshape(-1)[bases[:, None] + offsets[None, :]])
         return _windows(tiles, w.shape[1])
 
-    def _int8_tiles(tiles, w):
-        """gemm_kernel's product of int8 or uint8 rows on VNNI (gemm_jit.int8_block): rows -> out,
-        requantized; None where it does not apply (no VNNI, K not a multiple of 4, weights outside
-        int8). `tiles`: _tiles' float32 arguments, whose bias, scale and bounds it shares."""
+    def _int8_windows(tiles, w, x_zero):
+        """An int8 convolution's requantized product on VNNI (gemm_jit.int8_block): (x, bases,
+        offsets) -> out, row r's inputs 4k..4k + 3 the four bytes at x.flat[bases[r] + offsets[k]]
+        (int8 or uint8 data), each minus x_zero; None where it does not apply (no VNNI, K not a
+        multiple of 4, weights outside int8). `tiles`: _tiles' float32 arguments, whose bias,
+        scale and bounds it shares."""
         from . import gemm_jit as G
         from .vnni_jit import VNNI
 
@@ -417,26 +437,26 @@ def _compile() -> Optional[dict[str, Callable]]:
         S, thread = both_cores()
         w8 = w.astype(np.int8)
         panels = G.int8_panels(w8)
-        # int8 data is read as x + 128 (bytes xor 0x80): the sums start at -128 * each column's weight sum
-        start = np.zeros(bias_p.shape[0], np.int32)
-        start[:n] = -128 * w8.sum(axis=0, dtype=np.int32)
-        starts = {np.dtype(np.int8): (start, np.int32(-0x7F7F7F80)),
-                  np.dtype(np.uint8): (np.zeros_like(start), np.int32(0))}
-        offsets, bases_of = np.arange(0, k, 4, dtype=np.int64), {}  # a row's quads of inputs; rows -> starts
+        # int8 data is read as x + 128 (bytes xor 0x80): the sums start at -(128 + x_zero) * each
+        # column's weight sum (uint8 data: -x_zero * it), and end as the exact sum of (x - x_zero) * w
+        wsum = np.zeros(bias_p.shape[0], np.int64)
+        wsum[:n] = w8.sum(axis=0, dtype=np.int64)
+        starts = {np.dtype(np.int8): (((-128 - x_zero) * wsum).astype(np.int32), np.int32(-0x7F7F7F80)),
+                  np.dtype(np.uint8): ((-x_zero * wsum).astype(np.int32), np.int32(0))}
         site = cores.CallSite()  # this conv's one-thread time, for the second-core rule
 
-        def product(rows):
-            m = rows.shape[0]
-            if m not in bases_of:
-                bases_of[m] = np.arange(0, m * k, k, dtype=np.int64)
-            init, flip = starts[rows.dtype]
-            out = np.empty((m, n), storage)
-            thread.run(S.int8_shared, (S.INT8_CHUNKS.address, thread.job, np.ascontiguousarray(rows).reshape(-1).view(np.int8),
-                                       bases_of[m], offsets, panels, init, bias_p, scale_p, zero, lo, hi, flip,
-                                       out.view(np.int8)), site)
+        def windows(x, bases, offsets):
+            init, flip = starts[x.dtype]
+            out = np.empty((bases.shape[0], n), storage)
+            thread.run(S.int8_shared, (S.INT8_CHUNKS.address, thread.job, x.reshape(-1).view(np.int8), bases, offsets,
+                                       panels, init, bias_p, scale_p, zero, lo, hi, flip, out.view(np.int8)), site)
             return out
 
-        return product
+        return windows
+
+    def int8_windows_kernel(w, bias, lo, hi, requantized, x_zero):
+        tiles = _tiles(w, bias, lo, hi, requantized)
+        return None if tiles is None else _int8_windows(tiles, w, x_zero)
 
     def gemm_kernel(w, bias, lo, hi, requantized=None):
         from . import gemm_jit as G
@@ -444,19 +464,18 @@ def _compile() -> Optional[dict[str, Callable]]:
         blas, tiles = _blas(w, bias, lo, hi, requantized), _tiles(w, bias, lo, hi, requantized)
         if tiles is None:
             return blas
-        windows = _windows(tiles, w.shape[1])
-        int8 = _int8_tiles(tiles, w)
+        windows, int8 = _windows(tiles, w.shape[1]), _int8_windows(tiles, w, 0)
         k = w.shape[0]
-        offsets, bases_of = np.arange(k, dtype=np.int64), {}  # a row's inputs; rows -> each row's start
+        offsets, quads, bases_of = np.arange(k, dtype=np.int64), np.arange(0, k, 4, dtype=np.int64), {}
 
         def product(rows):
-            if int8 is not None and rows.dtype in _VNNI_INPUTS:
-                return int8(rows)
             m = rows.shape[0]
+            if m not in bases_of:  # each row's start
+                bases_of[m] = np.arange(0, m * k, k, dtype=np.int64)
+            if int8 is not None and rows.dtype in _VNNI_INPUTS:
+                return int8(np.ascontiguousarray(rows), bases_of[m], quads)
             if m < G.TILE_ROWS:  # a mat-vec: BLAS's reads w as fast
                 return blas(rows)
-            if m not in bases_of:
-                bases_of[m] = np.arange(0, m * k, k, dtype=np.int64)
             # int8 data as float32 first: one vectorised pass, where converting in the tiles cost
             # three instructions a row and input
             return windows(np.ascontiguousarray(rows, np.float32), bases_of[m], offsets)
@@ -499,10 +518,11 @@ def _compile() -> Optional[dict[str, Callable]]:
     return {"depthwise_nchw": depthwise_nchw, "depthwise_nhwc": depthwise_nhwc,
             "depthwise_nhwc_kernel": depthwise_nhwc_kernel, "bias_clamp": bias_clamp,
             "bias_clamp_kernel": bias_clamp_kernel, "gemm_kernel": gemm_kernel, "windows_kernel": windows_kernel,
-            "pad_into": pad_into, "requantize": requantize, "batch_product_kernel": batch_product_kernel}
+            "pad_into": pad_into, "requantize": requantize, "batch_product_kernel": batch_product_kernel,
+            "int8_windows_kernel": int8_windows_kernel}
 
 
 NUMBA: Optional[dict[str, Callable]] = _compile() if numba_enabled() else None
 BACKEND = "numba" if NUMBA is not None else "numpy"
 (depthwise_nchw, depthwise_nhwc, depthwise_nhwc_kernel, bias_clamp, bias_clamp_kernel, gemm_kernel, windows_kernel,
- pad_into, requantize, batch_product_kernel) = ((NUMBA or NUMPY)[name] for name in NUMPY)
+ pad_into, requantize, batch_product_kernel, int8_windows_kernel) = ((NUMBA or NUMPY)[name] for name in NUMPY)
