@@ -871,16 +871,11 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
         """Element offsets into the C-ordered padded input, NHWC, or NCHW where `planar`: rows in
         (N, OH, OW) order, window inputs in the filter rows' (KH, KW, Cin) order."""
         if (shape, planar) not in offsets_of:
-            n, h, width, c = shape
-            oh = conv_output_size(h, kh, stride[0], 0, dilation[0])
-            ow = conv_output_size(width, kw, stride[1], 0, dilation[1])
-            sn, sh, sw, sc = (c * h * width, width, 1, h * width) if planar else (h * width * c, width * c, c, 1)
-            bases = (np.arange(n)[:, None, None] * sn + np.arange(oh)[None, :, None] * (stride[0] * sh)
-                     + np.arange(ow)[None, None, :] * (stride[1] * sw)).reshape(-1)
+            (_, sh, sw, sc), bases, out_shape = _window_starts(shape, planar, (kh, kw), stride, dilation)
             offsets = (np.arange(kh)[:, None, None] * (dilation[0] * sh)
                        + np.arange(kw)[None, :, None] * (dilation[1] * sw)
-                       + np.arange(c)[None, None, :] * sc).reshape(-1)
-            offsets_of[shape, planar] = (bases.astype(np.int64), offsets.astype(np.int64), (n, oh, ow))
+                       + np.arange(shape[3])[None, None, :] * sc).reshape(-1)
+            offsets_of[shape, planar] = (bases, offsets.astype(np.int64), out_shape)
         return offsets_of[shape, planar]
 
     def dense(x: np.ndarray) -> np.ndarray:
@@ -913,6 +908,21 @@ def _fast_conv(node: Node, g, w: np.ndarray, x_zero: int, dtype, epilogue: Optio
     return dense
 
 
+def _window_starts(shape: tuple, planar: bool, kernel: tuple, stride: tuple, dilation: tuple
+                   ) -> tuple[tuple[int, int, int, int], np.ndarray, tuple[int, int, int]]:
+    """A conv's windows over its C-ordered padded input of `shape` (N, H, W, C; its memory NCHW
+    where `planar`): the input's element strides (image, row, column, channel), each output
+    pixel's window start in (N, OH, OW) order (int64), and (N, OH, OW)."""
+    n, h, width, c = shape
+    oh = conv_output_size(h, kernel[0], stride[0], 0, dilation[0])
+    ow = conv_output_size(width, kernel[1], stride[1], 0, dilation[1])
+    strides = (c * h * width, width, 1, h * width) if planar else (h * width * c, width * c, c, 1)
+    sn, sh, sw, _ = strides
+    bases = (np.arange(n)[:, None, None] * sn + np.arange(oh)[None, :, None] * (stride[0] * sh)
+             + np.arange(ow)[None, None, :] * (stride[1] * sw)).reshape(-1)
+    return strides, bases.astype(np.int64), (n, oh, ow)
+
+
 def _int8_dense(w: np.ndarray, x_zero: int, stride: tuple, dilation: tuple, pads: tuple, finish: tuple
                 ) -> Optional[Callable[[np.ndarray, bool], Optional[np.ndarray]]]:
     """An int8 convolution's windows summed in int32 four bytes at a time (conv.int8_windows_kernel,
@@ -940,12 +950,7 @@ def _int8_dense(w: np.ndarray, x_zero: int, stride: tuple, dilation: tuple, pads
         if key not in layouts:
             n, h, width, c = x.shape
             hp, wp = h + top + bottom, width + left + right
-            oh = conv_output_size(hp, kh, stride[0], 0, dilation[0])
-            ow = conv_output_size(wp, kw, stride[1], 0, dilation[1])
-            # C-ordered strides of the padded input (NCHW where planar): image, row, column, channel
-            sn, sh, sw, sc = (c * hp * wp, wp, 1, hp * wp) if planar else (hp * wp * c, wp * c, c, 1)
-            bases = (np.arange(n)[:, None, None] * sn + np.arange(oh)[None, :, None] * (stride[0] * sh)
-                     + np.arange(ow)[None, None, :] * (stride[1] * sw)).reshape(-1)
+            (_, sh, sw, sc), bases, out_shape = _window_starts((n, hp, wp, c), planar, (kh, kw), stride, dilation)
             if planar:  # quads in (Cin, KH) order, each the row's KW pixels from the window's left
                 offsets = np.arange(c)[:, None] * sc + np.arange(kh)[None, :] * (dilation[0] * sh)
             else:  # quads in (KH, KW, Cin / 4) order
@@ -954,7 +959,7 @@ def _int8_dense(w: np.ndarray, x_zero: int, stride: tuple, dilation: tuple, pads
             size = n * c * hp * wp
             data = np.full(size + 4, x_zero, x.dtype)  # 4 bytes past the end: a row's last quad may read there
             layouts[key] = (data, data[:size].reshape((n, c, hp, wp) if planar else (n, hp, wp, c)),
-                            bases.astype(np.int64), offsets.reshape(-1).astype(np.int64), (n, oh, ow))
+                            bases, offsets.reshape(-1).astype(np.int64), out_shape)
         return layouts[key]
 
     def dense_int8(x: np.ndarray, planar: bool) -> Optional[np.ndarray]:
