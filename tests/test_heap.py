@@ -116,3 +116,78 @@ def test_only_constants_read_whole_are_mapped_in_ahead(tmp_path):
     program.load_method("forward")
     read_whole = sum(hi - lo for lo, hi in program._read_in_full)
     assert 512 * 256 * 4 <= read_whole < 4096 * 256 * 4  # the projection's weight, not the table
+
+
+COMPILER_PROBE = """
+import json, numba
+from execupy.runtime.heap import COMPILER_LIBRARY, _clean_file_mappings, page_out_compiler
+
+def resident_kib():  # the compiler library's resident pages that are the file's own
+    spans, total, current = set(_clean_file_mappings(COMPILER_LIBRARY)), 0, None
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            current = tuple(int(a, 16) for a in fields[0].split("-"))
+        elif fields[0] == "Rss:" and current in spans:
+            total += int(fields[1])
+    return total
+
+@numba.njit(cache=False)
+def first(x):
+    return x + 1
+
+first(1)  # LLVM has compiled: its code and tables are resident
+before = resident_kib()
+advised = page_out_compiler()
+after = resident_kib()
+
+@numba.njit(cache=False)
+def second(x):
+    return x * 2 + 1
+
+print(json.dumps([before, advised, after, second(3)]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise")
+def test_the_compilers_pages_are_handed_back_and_read_again_if_needed():
+    """Once the kernels are loaded the LLM runner drops LLVM's resident code and tables (tens of
+    MiB of the peak); should something compile afterwards, the library still works."""
+    pytest.importorskip("numba")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", COMPILER_PROBE], env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=300, check=True)
+    before, advised, after, compiled = json.loads(proc.stdout)
+    assert before > 20 * 1024 and advised > 0  # KiB: LLVM's pages were there
+    assert after < before / 10
+    assert compiled == 7
+
+
+ARENA_PROBE = """
+import json
+from execupy.runtime.method import _zeroed_arena
+
+def resident_kib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1])
+
+before = resident_kib()
+arena = _zeroed_arena(64 << 20)
+total = int(arena[::4096].sum())  # every page read, none written (a prompt's attention over the cache)
+read = resident_kib()
+arena[: 8 << 20] = 1  # 8 MiB written
+written = resident_kib()
+print(json.dumps([total, read - before, written - before]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status")
+def test_planned_memory_is_resident_only_where_written():
+    """A KV cache is zeros until tokens are written into it; reading its unwritten part (attention
+    over the whole cache) must not make it resident."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", ARENA_PROBE], env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=300, check=True)
+    total, read_kib, written_kib = json.loads(proc.stdout)
+    assert total == 0
+    assert read_kib < 4 * 1024  # a 64 MiB arena read whole: (nearly) nothing resident
+    assert 8 * 1024 <= written_kib < 12 * 1024

@@ -1,6 +1,6 @@
 """What the OS does with our memory: glibc's freed heap (elsewhere those calls do nothing), a
 program file's pages mapped in ahead of the first call (Linux 5.14 and later), and the compiler's
-pages handed back once it has done its work (Linux 5.4 and later).
+pages handed back once it has done its work.
 
 A call with dynamic shapes (a prompt) allocates its intermediates as it goes, many of them
 hundreds of KB to a few MB. glibc gives memory back to the OS when it is freed: blocks of 128 KB
@@ -86,7 +86,7 @@ def populate_in_background(base: int, ranges: list[tuple[int, int]], keepalive: 
     return thread
 
 
-MADV_PAGEOUT = 21  # madvise: reclaim the range's pages now (Linux 5.4+; EINVAL before)
+MADV_DONTNEED = 4  # madvise: drop the range's pages from this process (a file's are read again on use)
 COMPILER_LIBRARY = "libllvmlite"  # LLVM, as numba's llvmlite ships it
 
 
@@ -95,35 +95,44 @@ def page_out_compiler() -> int:
     return how many bytes of mappings were advised (0 where numba was never imported).
 
     numba loads each kernel from its disk cache through LLVM, whose code and tables then hold
-    ~65 MiB of the resident set (SmolLM2 fp32: 746 MiB at its peak, 514 of them the program).
+    ~69 MiB of the resident set (SmolLM2 fp32: 725 MiB at its peak, 514 of them the program).
     Once a program's methods are bound nothing compiles again (the LLM runner's test holds it
-    to that), so those pages are dead weight while generating. They are the library's read-only
-    mappings, clean copies of the file: the kernel drops them, and should something compile
-    after all they are read back from the file (a few ms); nothing else about them changes."""
+    to that), so those pages are dead weight while generating. Only mappings that are clean
+    copies of the file are dropped (no page of theirs written, as the relocated ones were):
+    should something compile after all, their pages are read back from the file (a few ms),
+    the same bytes. (MADV_PAGEOUT, used before, left them resident on Linux 6.18, whose file
+    cache holds them in large folios.)"""
     if "llvmlite" not in sys.modules:
         return 0
     libc = _libc()
     if libc is None:
         return 0
     advised = 0
-    for start, end in _read_only_mappings(COMPILER_LIBRARY):
-        if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_PAGEOUT) != 0:
-            return advised  # an older kernel (EINVAL): the pages stay until the kernel wants them
+    for start, end in _clean_file_mappings(COMPILER_LIBRARY):
+        if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) != 0:
+            return advised
         advised += end - start
     return advised
 
 
-def _read_only_mappings(library: str) -> list[tuple[int, int]]:
-    """[start, end) of this process's mappings of a file whose name holds `library`, unwritable
-    ones only (its code and constants; a writable one may hold state only the process has)."""
+def _clean_file_mappings(library: str) -> list[tuple[int, int]]:
+    """[start, end) of this process's mappings of a file whose name holds `library` that are
+    unwritable and hold no page of the process's own (smaps' Anonymous: 0): every resident page
+    is the file's. A read-only mapping may still hold written pages (RELRO: relocated, then
+    made read-only); dropping those would lose the relocations."""
     try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
+        lines = Path("/proc/self/smaps").read_text().splitlines()
     except OSError:  # not Linux
         return []
-    spans = []
+    spans, current = [], None
     for line in lines:
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and library in fields[5] and "w" not in fields[1]:
-            start, end = (int(a, 16) for a in fields[0].split("-"))
-            spans.append((start, end))
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+            current = None
+            if len(fields) == 6 and library in fields[5] and "w" not in fields[1]:
+                current = tuple(int(a, 16) for a in fields[0].split("-"))
+        elif current is not None and fields[:1] == ["Anonymous:"]:
+            if fields[1] == "0":
+                spans.append(current)
+            current = None
     return spans

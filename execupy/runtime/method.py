@@ -303,12 +303,14 @@ def _zeroed_arena(size: int) -> np.ndarray:
     Not np.zeros: numpy asks for transparent huge pages on large arrays, so the first write
     into each KV cache (one 1.5 MiB cache per layer and head kind for SmolLM2 at 2048
     context) would make a whole 2 MiB page resident, and a few prompt tokens would hold
-    the entire cache in memory. An anonymous map in small pages costs only what is written;
-    the kernel hands it out zeroed, which is the initial value of state the file does not
-    store (docs/format.md §7)."""
+    the entire cache in memory. A private anonymous map in small pages costs only what is
+    written (reading an unwritten page maps the kernel's one zero page; a shared map, mmap's
+    default, would allocate it: a prompt's attention reading the whole cache made all of it
+    resident); the kernel hands it out zeroed, which is the initial value of state the file
+    does not store (docs/format.md §7)."""
     if size < _SMALL_ARENA:
         return np.zeros(size, np.uint8)
-    memory = mmap.mmap(-1, size)
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(memory, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
         memory.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(memory, np.uint8)
