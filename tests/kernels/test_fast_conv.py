@@ -192,6 +192,30 @@ def test_a_requantized_depthwise_conv_numba_equals_numpy(c, size, s, k, bias_dty
     assert outs[0].dtype == storage and len(np.unique(outs[0])) > 20  # not saturated to a few values
 
 
+def test_a_3x3_int8_filter_too_large_for_exact_float32_sums_is_not_summed_in_vectors(monkeypatch):
+    """nhwc_3x3_vectors sums int8 data from -x_zero * the taps' sum through x * w: exact only while
+    (|x_zero| + max |x|) * sum |w| < 2**24. A filter past that takes the other path: numpy's bits."""
+    assert FC._vector_sums_exact(np.full((3, 3, 16), 127, np.float32), np.dtype(np.int8), -128)
+    huge = np.full((3, 3, 16), 8000, np.float32)  # 256 * 9 * 8000 > 2**24
+    assert not FC._vector_sums_exact(huge, np.dtype(np.int8), -128)
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (1, 6, 6, 16)).astype(np.int8)
+    bias = np.zeros(16, np.float32)
+    requantized = (np.full(16, 1e-6, np.float32), 0, np.int8)
+    args = (huge, (1, 1), (1, 1), (1, 1, 1, 1), -128, bias, -128, 127, requantized)
+    expected = FC.NUMPY["depthwise_nhwc_kernel"](*args)(x, np.empty((1, 6, 6, 16), np.int8))
+    if FC.BACKEND == "numba":
+        from execupy.kernels.fast import conv_shared_jit as S
+        from execupy.kernels.fast.second_thread import SECOND_THREAD
+
+        kernels = []
+        run = SECOND_THREAD.run
+        monkeypatch.setattr(SECOND_THREAD, "run", lambda kernel, a, *rest: (kernels.append(kernel), run(kernel, a, *rest)))
+        got = FC.NUMBA["depthwise_nhwc_kernel"](*args)(x, np.empty((1, 6, 6, 16), np.int8))
+        assert S.nhwc_3x3_shared not in kernels
+        np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("acc_dtype", [np.float32, np.float64, np.int32])
 @pytest.mark.parametrize("bias_dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("storage, zero, lo, hi", [(np.int8, 3, -128, 127), (np.int8, -128, -128, 40),

@@ -225,6 +225,14 @@ _VECTOR_INPUTS = (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.uint8))  
 _VNNI_INPUTS = (np.dtype(np.int8), np.dtype(np.uint8))  # what gemm_jit.int8_block reads
 
 
+def _vector_sums_exact(w: np.ndarray, dtype: np.dtype, x_zero: float) -> bool:
+    """Whether nhwc_3x3_vectors' float32 sums of int8 data are exact integers: they run from
+    -x_zero * the taps' sum through the products x * w, bounded by (|x_zero| + max |x|) * sum |w|."""
+    info = np.iinfo(dtype)
+    x_max = abs(float(x_zero)) + max(abs(info.min), abs(info.max))
+    return float(np.abs(np.asarray(w, np.float64)).sum(axis=(0, 1)).max(initial=0.0)) * x_max < 2.0 ** 24
+
+
 def _compile() -> Optional[dict[str, Callable]]:
     from . import conv_jit as K
 
@@ -316,6 +324,8 @@ def _compile() -> Optional[dict[str, Callable]]:
             key = (x.dtype, out.dtype)
             if key not in call_args:
                 if key not in S.KINDS or (requantized is None) != (out.dtype == np.float32):
+                    return False
+                if x.dtype.kind in "iu" and not _vector_sums_exact(w, x.dtype, x_zero):
                     return False
                 no_bias = np.full(c, -0.0, np.float32)  # x + -0.0 is x: the same bits as no bias
                 scale, zero = (np.empty(0, f32), f32(0)) if requantized is None else (

@@ -251,10 +251,11 @@ def _depthwise_3x3(checked: bool):
     r0, r0 + dh, r0 + 2 dh of x), nhwc_3x3's steps for 16 channels a vector, the nine filter
     vectors held in registers along the run: the first tap's product, the others added in tap
     order, + bias, clamped to [lo, hi] (select on compares: NaN stays NaN), stored. Float data
-    is multiplied then added, each rounded, as numpy does; int8 data (x - xz, exact in float32,
-    as are all its sums: the caller's check) is summed with fmas, the same exact values in half
-    the instructions. `checked`: a tap outside x reads the padded value (0, or xz for int8
-    data: 0 once shifted) from a clamped address; else every tap must lie inside x. An int8 or
+    is multiplied then added, each rounded, as numpy does; int8 data is summed with fmas from
+    -xz * the taps' sum (exact in float32, as are all its partial sums: the caller's check),
+    the same exact values as (x - xz) * w with one subtraction a tap fewer. `checked`: a tap
+    outside x reads the padded value (0, or xz for int8 data) in place of a load from a clamped
+    address; else every tap must lie inside x. An int8 or
     uint8 `out` takes the requantized sums (int8 data): after the bias, rint(v * scale) + zero,
     then clamped, as requantize_rows."""
     @intrinsic
@@ -285,23 +286,32 @@ def _depthwise_3x3(checked: bool):
                 return ok, builder.select(builder.icmp_signed(">", low, last), last, low)
 
             row_at = [inside(r, h) if checked else (None, r) for r in rows]
+            # int8 data: sum(x * w) - xz * sum(w) = sum((x - xz) * w), the sums starting from the
+            # second term, one subtraction a tap fewer (exact integers: the caller bounds them)
+            start = None
+            if integer:
+                taps_sum = taps[0]
+                for tap in taps[1:]:
+                    taps_sum = builder.fadd(taps_sum, tap)
+                start = builder.fsub(zero_v, builder.fmul(xz_v, taps_sum))
+            padded_v = xz_v if integer else zero_v  # a tap outside x reads the padded value
             with cgutils.for_range_slice(builder, px_a, px_b, consts[1]) as (px, _):
                 col0 = builder.sub(builder.mul(px, sw), left)
                 col_at = [inside(builder.add(col0, builder.mul(dw, consts[k])), width) if checked
                           else (None, builder.add(col0, builder.mul(dw, consts[k]))) for k in range(3)]
-                acc = None
+                acc = start
                 for i in range(3):
                     for k in range(3):
                         v = _load_floats(context, builder, x_t, x_arr, [n, row_at[i][1], col_at[k][1], c0])
-                        if integer:
-                            v = builder.fsub(v, xz_v)
                         if checked:
-                            v = builder.select(builder.and_(row_at[i][0], col_at[k][0]), v, zero_v)
+                            v = builder.select(builder.and_(row_at[i][0], col_at[k][0]), v, padded_v)
                         tap = taps[3 * i + k]
-                        if acc is None:
+                        if integer:
+                            acc = _fma(builder, v, tap, acc)
+                        elif acc is None:
                             acc = builder.fmul(v, tap)
                         else:
-                            acc = _fma(builder, v, tap, acc) if integer else builder.fadd(acc, builder.fmul(v, tap))
+                            acc = builder.fadd(acc, builder.fmul(v, tap))
                 acc = builder.fadd(acc, b_v)
                 if requantize:
                     acc = builder.fadd(builder.call(rint, [builder.fmul(acc, s_v)]), zero_f)
