@@ -9,6 +9,7 @@ from execupy.devtools.tracer import EventTracer
 from execupy.runtime import Module, Program
 
 from .conformance import flatten, program_name, topic
+from .cpu import XNNPACK_AVX512
 
 DYNAMIC = topic("dynamic_batch_seq")
 
@@ -108,7 +109,9 @@ def test_executorch_llm_prefill_and_decode_alternately_equal_unplanned(monkeypat
         # element-wise nodes, none through a value list per call (backends/xnnpack/runtime.py)
         decode = planned._shape_plans[((1, 1), (1,))].steps
         bound = [step.run.__name__ for step in decode if step.__name__ == "call_bound_delegate"]
-        assert bound and "run_into" not in bound and "run_bound" not in bound, bound
+        assert bound and "run_bound" not in bound, bound
+        if XNNPACK_AVX512:  # the RMSNorm tail's compiled loop (XNNPACK's AVX-512 rsqrt; tests/cpu.py)
+            assert "run_into" not in bound, bound
     # et_view's result is its source's bytes as memory planning lays them out: a plan whose
     # arrays are fixed has nothing to do for it at each call (the attention's output, which the
     # XNNPACK export leaves between delegates; the portable one's views are fusion's aliases)
