@@ -2,7 +2,7 @@
 ExecuTorch's runtime picks on it.
 
 execupy reproduces bit for bit the kernels ExecuTorch's XNNPACK runs on a CPU with AVX-512
-(f32 sigmoid and rsqrt) and with AVX512-VNNI or AVX-VNNI (the dynamically quantized 4-bit
+(f32 sigmoid and rsqrt) and with AVX512-VNNI (the dynamically quantized 4-bit
 products; kernels/fast/xnnpack_gemm.py). On a CPU without them (an AMD EPYC whose hypervisor
 hides AVX-512: AVX2 and FMA only) XNNPACK picks other kernels whose results differ from those
 in the last bit of some elements, so there the tests that assert ExecuTorch's bits for those
@@ -24,4 +24,4 @@ def _flags() -> set[str]:
 
 FLAGS = _flags()
 XNNPACK_AVX512 = "avx512f" in FLAGS  # the elementwise approximations execupy reproduces
-XNNPACK_VNNI = bool({"avx512vnni", "avx_vnni"} & FLAGS)  # the 4-bit products execupy reproduces
+XNNPACK_VNNI = "avx512_vnni" in FLAGS  # the 4-bit products execupy reproduces (/proc/cpuinfo's spelling)
