@@ -1,12 +1,13 @@
 """What the test machine's CPU offers, for expectations that depend on which XNNPACK microkernels
 ExecuTorch's runtime picks on it.
 
-execupy reproduces bit for bit the kernels ExecuTorch's XNNPACK runs on a CPU with AVX-512
-(f32 sigmoid and rsqrt) and with AVX512-VNNI (the dynamically quantized 4-bit
-products; kernels/fast/xnnpack_gemm.py). On a CPU without them (an AMD EPYC whose hypervisor
-hides AVX-512: AVX2 and FMA only) XNNPACK picks other kernels whose results differ from those
-in the last bit of some elements, so there the tests that assert ExecuTorch's bits for those
-nodes assert agreement within a few float32 ulps instead.
+execupy reproduces bit for bit the f32 sigmoid and rsqrt kernels ExecuTorch's XNNPACK runs on a
+CPU with AVX-512F and on an x86 CPU with AVX2 + FMA but no AVX-512 (backends/xnnpack/vmath.py
+picks the CPU's variant), and its dynamically quantized 4-bit products both on a CPU with
+AVX512-VNNI and on one with AVX2 + FMA (kernels/fast/xnnpack_gemm.py). On other CPUs XNNPACK
+picks other kernels whose results differ from those in the last bit of some elements, so there
+the tests that assert ExecuTorch's bits for those nodes assert agreement within a few float32
+ulps instead.
 """
 from __future__ import annotations
 
@@ -23,5 +24,8 @@ def _flags() -> set[str]:
 
 
 FLAGS = _flags()
-XNNPACK_AVX512 = "avx512f" in FLAGS  # the elementwise approximations execupy reproduces
-XNNPACK_VNNI = "avx512_vnni" in FLAGS  # the 4-bit products execupy reproduces (/proc/cpuinfo's spelling)
+# the f32 sigmoid and rsqrt execupy reproduces: XNNPACK's AVX-512F kernels, and its AVX2 + FMA ones
+XNNPACK_ELEMENTWISE = "avx512f" in FLAGS or {"avx2", "fma"} <= FLAGS
+# the 4-bit products execupy reproduces: XNNPACK's qb4w kernels of a CPU with AVX512-VNNI and of an
+# x86 CPU with AVX2 + FMA (kernels/fast/xnnpack_gemm.py; /proc/cpuinfo spells avx512_vnni)
+XNNPACK_4BIT = bool({"avx512_vnni", "avx512vnni"} & FLAGS) or {"avx2", "fma"} <= FLAGS

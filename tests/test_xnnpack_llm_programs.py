@@ -25,7 +25,7 @@ import pytest
 from execupy.runtime import Program
 from tests.et_llm import (BOS_ID, EOS_ID, Q8DA4W, XNNPACK, executorch_custom_sdpa, export_with_executorch,
                           reference_greedy, tokenizer_size, write_tokenizer)
-from tests.cpu import XNNPACK_VNNI
+from tests.cpu import XNNPACK_4BIT
 from tests.reference import run_reference_steps
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
@@ -147,7 +147,7 @@ def test_with_executorchs_custom_sdpa_every_step_gives_executorchs_logits_bit_fo
     et_views = [step.__name__ for step, op in zip(decode, method._op_names) if op == "executorch_prim::et_view.default"]
     assert "view_copy_step" in et_views and "call_one_dynamic" not in et_views
     for k, (a, b) in enumerate(zip(ours, theirs)):
-        if XNNPACK_VNNI:
+        if XNNPACK_4BIT:
             np.testing.assert_array_equal(a, b, err_msg=f"step {k}")
         else:  # the 4-bit products ExecuTorch runs here are not the ones reproduced (tests/cpu.py)
             np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * float(np.abs(b).max()), err_msg=f"step {k}")

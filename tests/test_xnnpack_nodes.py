@@ -25,7 +25,7 @@ import pytest
 from execupy.backends.xnnpack.schema import read_payload
 from execupy.runtime import Program
 
-from .cpu import XNNPACK_AVX512, XNNPACK_VNNI
+from .cpu import XNNPACK_4BIT, XNNPACK_ELEMENTWISE
 from .reference import run_worker_once, worker_case_outputs
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
@@ -226,9 +226,9 @@ def _reproduced_here(graphs: list) -> bool:
     for every node of the graphs (tests/cpu.py)."""
     kinds = {n.kind for g in graphs for n in g.nodes}
     datatypes = {v.datatype for g in graphs for v in g.values}
-    if kinds & {"Sigmoid", "ReciprocalSquareRoot"} and not XNNPACK_AVX512:
+    if kinds & {"Sigmoid", "ReciprocalSquareRoot"} and not XNNPACK_ELEMENTWISE:
         return False
-    return XNNPACK_VNNI or not datatypes & {"qcint4", "qbint4"}
+    return XNNPACK_4BIT or not datatypes & {"qcint4", "qbint4"}
 
 
 def _tolerance(case: dict, expected: np.ndarray, graphs: list) -> float:

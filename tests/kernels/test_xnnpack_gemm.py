@@ -23,9 +23,11 @@ def _activations(rng, m: int, k: int):
 # and from MATVEC_MAX_ROWS rows on, a prompt's kernel: with VNNI four rows at a time, then the rest one by one
 @pytest.mark.parametrize("m, n, k, block", [(1, 37, 64, 32), (5, 80, 576, 32), (3, 16, 1536, 64), (2, 9, 96, 96),
                                            (4, 4000, 576, 32), (1, 1000, 576, 32), (1, 8192, 576, 32),
-                                           (11, 300, 576, 32), (113, 200, 1536, 64)])
+                                           (11, 300, 576, 32), (113, 200, 1536, 64), (6, 70, 96, 16)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias):
+@pytest.mark.parametrize("arithmetic", ["vnni", "avx2"])  # this CPU's, and the other one's compiled float path
+def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias, arithmetic, monkeypatch):
+    monkeypatch.setattr(XG, "ARITHMETIC", arithmetic)
     rng = np.random.default_rng(m * n + k)
     q, zp, scale = _activations(rng, m, k)
     w = rng.integers(-8, 8, (n, k)).astype(np.int8)
@@ -145,7 +147,32 @@ def test_both_panel_kernels_equal_numpy(variant):
     v = (packed.ksum * np.float32(zp[0] + 128)).reshape(panels, B.PANEL)
     getattr(B, variant)(a, xbytes, shifts, packed.words, packed.scales, block // 8, 0, panels, v)
     ours = v.reshape(-1)[:n] * scale[0]
-    np.testing.assert_array_equal(ours, XG.NUMPY["blockwise"](q, zp, scale, packed, None)[0])
+    np.testing.assert_array_equal(ours, XG.gemm_blockwise_numpy(q, zp, scale, packed, None, "vnni")[0])
+
+
+@pytest.mark.parametrize("zero_point", [-128, -3, 0, 127])
+def test_the_avx2_panel_kernel_equals_numpy(zero_point):
+    """The decode mat-vec's panels in the "avx2" arithmetic (blockwise_jit.blockwise_panels_avx2:
+    four lanes' chains, summed (v0 + v1) + (v2 + v3)), then XNNPACK's fma with the row's scale and
+    the bias, equal the reference bit for bit (150 outputs: three panels, the last one padded)."""
+    from execupy.kernels.fast import blockwise_jit as B
+
+    rng = np.random.default_rng(200 + zero_point)
+    n, k, block = 150, 576, 32
+    q, zp, scale = _activations(rng, 1, k)
+    zp[:] = zero_point
+    scales = (rng.random((n, k // block)) * 0.02 + 1e-4).astype(ml_dtypes.bfloat16).astype(np.float32)
+    packed = XG.pack_blockwise(rng.integers(-8, 8, (n, k)).astype(np.int8), scales)
+    bias = rng.standard_normal(n).astype(np.float32)
+    a = q[0].astype(np.float32)
+    shifts = np.empty((k // block, B.AVX2_LANES), np.float32)
+    B.lane_shifts(a, block, shifts)
+    panels = packed.words.shape[0]
+    y = np.empty((panels, B.PANEL), np.float32)
+    B.blockwise_panels_avx2(a, shifts, packed.words, packed.scales, packed.ksum, np.float32(zero_point), block, 0,
+                            panels, y)
+    ours = XG.fma32(y.reshape(-1)[:n], scale[0], bias)
+    np.testing.assert_array_equal(ours, XG.gemm_blockwise_numpy(q, zp, scale, packed, bias, "avx2")[0])
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5])  # one compiled call below MATVEC_MAX_ROWS, the general path above
@@ -161,16 +188,21 @@ def test_a_fused_convert_quantizes_then_multiplies_as_the_two_steps(rows):
                                   XG.gemm_blockwise_numpy(q, zp, scale, packed, bias))
 
 
-def test_blockwise_sums_stay_exact_at_the_largest_terms():
-    """Every term 255 * 7 or 255 * -8 over the largest block the float32 sums allow: still the
-    integer sums (the mat-vec adds (q + 128) * (w + 8) in float32)."""
+@pytest.mark.parametrize("arithmetic", ["vnni", "avx2"])
+def test_blockwise_sums_stay_exact_at_the_largest_terms(arithmetic, monkeypatch):
+    """Every term at its largest over the largest block the float32 sums allow: still the integer
+    sums. "vnni": the mat-vec adds (q + 128) * (w + 8), 255 * 15 at most, with zp + 128 = 0 (no
+    ksum term); "avx2": each lane adds q * (w + 8), q = -128, with zp = 0."""
+    monkeypatch.setattr(XG, "ARITHMETIC", arithmetic)
     block = XG.MAX_EXACT_BLOCK // XG.KSUM_CHUNK * XG.KSUM_CHUNK
-    q, zp, scale = np.full((1, block), 127, np.int8), np.full(1, -128, np.int32), np.ones(1, np.float32)
+    value, zero = (127, -128) if arithmetic == "vnni" else (-128, 0)
+    q, zp, scale = np.full((1, block), value, np.int8), np.full(1, zero, np.int32), np.ones(1, np.float32)
     w = np.stack([np.full(block, 7), np.full(block, -8), np.tile([7, -8], block // 2)]).astype(np.int8)
     packed = XG.pack_blockwise(w, np.ones((3, 1), np.float32))
     ours = XG.NUMBA["blockwise_matvec"](q, zp, scale, packed, np.zeros(3, np.float32), np.empty((1, 3), np.float32))
-    exact = (q.astype(np.int64) + 128) @ w.astype(np.int64).T  # zp + 128 = 0: no ksum term
+    exact = (q.astype(np.int64) - zero) @ w.astype(np.int64).T
     np.testing.assert_array_equal(ours, exact.astype(np.float32))
+    np.testing.assert_array_equal(XG.NUMPY["blockwise"](q, zp, scale, packed, None), exact.astype(np.float32))
     assert 255 * 15 * block > 2 ** 23  # large enough that a float32 sum past 2**24 would have shown
 
 
@@ -298,20 +330,20 @@ def test_compiled_sigmoid_gelu_swiglu_and_rsqrt_equal_their_numpy_steps():
         u = np.roll(x, 7)  # the SwiGLU's nodes one by one in numpy, and its one compiled call
         np.testing.assert_array_equal(vmath.swiglu(x.reshape(5, -1), u.reshape(5, -1)),
                                       np.multiply(np.multiply(x, vmath._sigmoid(x)), u).reshape(5, -1))
-    if vmath._RSQRT is not None:  # a CPU with AVX-512F: XNNPACK's estimate, then its Newton step
+    if vmath._RSQRT is not None:  # the CPU's estimate (vrsqrt14ps or vrsqrtps), then XNNPACK's Newton step
         a = np.concatenate([np.abs(x), x]).reshape(2, 1, -1)
-        np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, vmath._RSQRT14(a.reshape(-1)).reshape(a.shape)))
+        estimate = vmath._ESTIMATE(a.reshape(-1)).reshape(a.shape)  # (denormals off in the AVX path's step)
+        np.testing.assert_array_equal(vmath.rsqrt(a), vmath.newton_step(a, estimate, vmath.X86_VARIANT == "avx2"))
 
 
 VMATH_PROBE = """
 import types
 import numpy as np
-from execupy.backends.xnnpack import vmath, vmath_jit
+from execupy.backends.xnnpack import vmath
 x = np.linspace(-8, 8, 64, dtype=np.float32)
 vmath.sigmoid(x), vmath.gelu(x), vmath.swiglu(x, x)
-K = types.SimpleNamespace(KERNELS={"sigmoid_into": vmath_jit.sigmoid_into, "gelu_into": vmath_jit.gelu_into,
-                                   "swiglu_into": vmath_jit.swiglu_into})
-"""
+K = types.SimpleNamespace(KERNELS={"sigmoid": vmath._SIGMOID, "gelu": vmath._GELU, "swiglu": vmath._SWIGLU})
+"""  # (the sigmoid's and SwiGLU's loops are this CPU's variant's: vmath_jit.sigmoid_into or sigmoid_avx2_into)
 
 
 def test_a_second_process_finds_the_compiled_sigmoid_gelu_and_swiglu_in_numbas_cache(tmp_path):
@@ -367,6 +399,10 @@ if XG.NUMBA["vnni"]:  # the second thread's half of a prompt's rows: a C functio
     for name in ("CHANNELWISE_CHUNKS", "QUANTIZE_CHUNKS"):
         hits = getattr(K, name).cache_hits
         K.KERNELS[name] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
+if XG.ARITHMETIC == "avx2":  # the second thread's half of a decode step: a C function, compiled (or read) at first use
+    from types import SimpleNamespace as NS
+    hits = K.blockwise_avx2_second_half().cache_hits
+    K.KERNELS["BLOCKWISE_AVX2_SECOND_HALF"] = NS(stats=NS(cache_hits={0: hits}, cache_misses={0: 1 - hits}))
 """
 
 
@@ -378,11 +414,14 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     first, second = two_processes_cache_stats(CACHE_PROBE, tmp_path)
     from execupy.kernels.fast.vnni_jit import VNNI
 
-    # a prompt's rows: through vpdpbusd (the second thread's half a C function) where the CPU has it
-    prompt_kernels = ({"blockwise_rows_halves", "channelwise_rows", "channelwise_from_float", "BLOCKWISE_SECOND_HALF",
-                       "CHANNELWISE_CHUNKS", "QUANTIZE_CHUNKS"} if VNNI
-                      else {"blockwise_tiles", "blockwise_tiles_parallel"})
-    assert set(first) == {"blockwise_matvec", "blockwise_matvec_from_float", "channelwise", "scale_sums",
-                          "quantize_rows"} | prompt_kernels
+    # a prompt's rows: through vpdpbusd (the second thread's half a C function) where the CPU has it;
+    # the qb4w kernels of this CPU's arithmetic ("avx2": the decode step's second half a C function)
+    channelwise_rows = {"channelwise_rows", "channelwise_from_float", "CHANNELWISE_CHUNKS", "QUANTIZE_CHUNKS"}
+    qb4w = ({"blockwise_matvec_avx2", "blockwise_matvec_from_float_avx2", "blockwise_tiles_avx2",
+             "blockwise_tiles_avx2_parallel", "BLOCKWISE_AVX2_SECOND_HALF"} if XG.ARITHMETIC == "avx2"
+            else {"blockwise_matvec", "blockwise_matvec_from_float"}
+            | ({"blockwise_rows_halves", "BLOCKWISE_SECOND_HALF"} if VNNI
+               else {"blockwise_tiles", "blockwise_tiles_parallel"}))
+    assert set(first) == {"channelwise", "scale_sums", "quantize_rows"} | qb4w | (channelwise_rows if VNNI else set())
     assert all(misses > 0 for _, misses in first.values())  # the first process compiled each one
     assert all(hits > 0 and misses == 0 for hits, misses in second.values())

@@ -1,12 +1,23 @@
 """XNNPACK's float32 elementwise approximations (sigmoid, GELU, rsqrt), reproduced in numpy.
 
-XNNPACK does not compute sigmoid as 1 / (1 + exp(-x)) rounded once: on x86 with AVX-512
-(what ExecuTorch 1.5.1 runs here) it uses a 32-entry table of 2**(i/32), a degree-2
-polynomial and one division (its `f32-vsigmoid avx512f rr2_lut32_p2_perm2_scalef_div`
-kernel), whose result can differ from the correctly rounded sigmoid in the last bit. A
+XNNPACK does not compute sigmoid as 1 / (1 + exp(-x)) rounded once, and which approximation
+it runs depends on the CPU (ExecuTorch 1.5.1's XNNPACK, src/configs/unary-elementwise-config.c):
+on x86 with AVX-512F its `f32-vsigmoid avx512f rr2_lut32_p2_perm2_scalef_div` kernel (a
+32-entry table of 2**(i/32), a degree-2 polynomial, one division); on x86 with AVX2 (and FMA)
+but no AVX-512F its `avx2 rr1_p5_div` kernel (a degree-5 polynomial, no table). Either result
+can differ from the correctly rounded sigmoid, and from each other, in the last bit. A
 last-bit difference matters downstream: the next dynamic int8 quantization can round an
-activation the other way. The steps below are that kernel's, each rounded to float32;
-its fused multiply-adds are rounded once (kernels/fast/xnnpack_gemm.fma32).
+activation the other way. The steps below are those kernels', each rounded to float32; their
+fused multiply-adds are rounded once (kernels/fast/xnnpack_gemm.fma32). `SIGMOID_KERNEL` names
+the one this CPU gets (other CPUs, x86 without AVX2 or not x86, get the AVX-512 steps: not
+XNNPACK's kernel there).
+
+XNNPACK runs every operator with denormals off (src/operator-run.c passes pthreadpool
+PTHREADPOOL_FLAG_DISABLE_DENORMALS: MXCSR's FTZ and DAZ on x86, whatever the ISA), so a
+subnormal result of a step is +-0 and a subnormal input reads as +-0. The AVX2 sigmoid and
+rsqrt and the GELU below flush where that changes their result (checked against ExecuTorch on
+an AVX2 CPU, over all float32 at a stride and the edge cases); the AVX-512 sigmoid and rsqrt
+keep the steps verified on Intel, without those flushes.
 """
 from __future__ import annotations
 
@@ -15,6 +26,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ...kernels.fast import quantized
+from ...kernels.fast.xnnpack_gemm import cpu_flags
 from ...kernels.fast.xnnpack_gemm import fma32 as _fma
 
 F32 = np.float32
@@ -32,6 +44,42 @@ _MINUS_LN2_HI = F32(float.fromhex("-0x1.62E430p-1"))
 _MINUS_LN2_LO = F32(float.fromhex("0x1.05C61p-29"))
 _C2 = F32(0.5)
 _C1 = F32(float.fromhex("0x1.0000F6p0"))
+# the AVX2 kernel's: its magic bias leaves 127 + round(z / ln 2) in n's low bits (2**that from
+# a shift into the exponent field), one-constant reduction by ln 2, a degree-5 polynomial, and
+# the cutoff below which its result is flushed to 0 (z < -87.34: e**z would be subnormal)
+_P5_MAGIC_BIAS = F32(float.fromhex("0x1.8000FEp23"))
+_MINUS_LN2 = F32(float.fromhex("-0x1.62E430p-1"))
+_P5 = tuple(F32(float.fromhex(h)) for h in ("0x1.0F9F9Cp-7", "0x1.573A1Ap-5", "0x1.555A80p-3",
+                                              "0x1.FFFDC6p-2", "0x1.FFFFF6p-1"))  # c5 .. c1
+_P5_DENORMAL_CUTOFF = F32(float.fromhex("-0x1.5D589Ep+6"))
+FLT_MIN = F32(2.0 ** -126)  # the least normal float32: below it, XNNPACK's FTZ/DAZ read and write +-0
+
+
+def _ftz(v: np.ndarray) -> np.ndarray:
+    """v with its subnormal values made zeros of their sign, as MXCSR.FTZ makes a step's result
+    (and DAZ reads a step's input). Where the exact value rounds to FLT_MIN only through the
+    subnormal spacing the CPU would flush it too (tininess after rounding); no step flushed here
+    can land there."""
+    return np.where(np.abs(v) < FLT_MIN, v * F32(0), v)
+
+
+def _negative_quiet_nan(x: np.ndarray) -> np.ndarray:
+    """x's NaN with its sign and quiet bits set: what the AVX2 sigmoid gives for a NaN x (its z =
+    x | -0.0 carried through every step)."""
+    return (x.view(np.uint32) | np.uint32(0x80400000)).view(F32)
+
+
+def _x86_variant(flags: Optional[frozenset]) -> str:
+    """"avx2" on an x86 CPU with AVX2 and FMA but no AVX-512F (XNNPACK's AVX2/FMA3 kernels run
+    there), else "avx512f" (its AVX-512 kernels; the stand-in where the CPU is unknown)."""
+    if flags is not None and "avx512f" not in flags and {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "avx512f"
+
+
+X86_VARIANT = _x86_variant(cpu_flags())
+SIGMOID_KERNEL = {"avx512f": "f32-vsigmoid avx512f_rr2_lut32_p2_perm2_scalef_div",
+                  "avx2": "f32-vsigmoid avx2_rr1_p5_div"}[X86_VARIANT]
 
 
 def _elementwise(compiled: Optional[Callable], steps: Callable[[np.ndarray], np.ndarray], x) -> np.ndarray:
@@ -50,7 +98,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return _elementwise(_SIGMOID, _sigmoid, x)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def _sigmoid_avx512(x: np.ndarray) -> np.ndarray:
+    """XNNPACK's sigmoid on x86 with AVX-512F (rr2_lut32_p2_perm2_scalef_div)."""
     z = -np.abs(x)
     n = _fma(z, _LOG2E, _MAGIC_BIAS)
     table = _TABLE[n.view(np.uint32) & 31]
@@ -63,6 +112,34 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     e = np.ldexp(p, np.floor(n).astype(np.int32)).astype(F32)  # scalef(p, n) = p * 2**floor(n)
     f = e / (e + F32(1))
     return np.where(np.signbit(x), f, F32(1) - f).astype(F32)
+
+
+def _sigmoid_avx2(x: np.ndarray) -> np.ndarray:
+    """XNNPACK's sigmoid on x86 with AVX2 and FMA, no AVX-512F (avx2_rr1_p5_div): e = e**z for
+    z = -|x| as 2**k (k = round(z / ln 2), shifted into an exponent field) times a degree-5
+    polynomial in t = z - k ln 2, f = e / (e + 1), flushed to 0 below the cutoff, 1 - f for x >= +0.
+    Denormals off: t * 2**k and e flushed (for k <= -125 t * 2**k is always subnormal, so e = 2**k:
+    sigmoid(-87.3) is FLT_MIN); t is subnormal only where x is (then t * 2**k = t flushes anyway),
+    and f >= FLT_MIN or 0."""
+    z = -np.abs(x)
+    n = _fma(z, _LOG2E, _P5_MAGIC_BIAS)
+    s = (n.view(np.uint32) << np.uint32(23)).view(F32)  # the exponent field's low bits: 2**k where k >= -126
+    n = n - _P5_MAGIC_BIAS
+    t = _fma(n, _MINUS_LN2, z)
+    c5, c4, c3, c2, c1 = _P5
+    p = _fma(c5, t, c4)
+    p = _fma(p, t, c3)
+    p = _fma(p, t, c2)
+    p = _fma(p, t, c1)
+    t = _ftz(t * s)
+    e = _ftz(_fma(t, p, s))
+    f = e / (e + F32(1))
+    f = np.where(z < _P5_DENORMAL_CUTOFF, F32(0), f)  # NaN compares false: it stays
+    f = np.where(np.signbit(x), f, F32(1) - f)
+    return np.where(np.isnan(x), _negative_quiet_nan(x), f).astype(F32)
+
+
+_sigmoid = _sigmoid_avx2 if X86_VARIANT == "avx2" else _sigmoid_avx512
 
 
 def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -119,7 +196,9 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     p, q = GELU_NUMERATOR[0], GELU_DENOMINATOR[0]
     for a, b in zip(GELU_NUMERATOR[1:], GELU_DENOMINATOR[1:]):
         p, q = _fma(c2, p, a), _fma(c2, q, b)
-    return ((x * F32(0.5)) * ((c * p) / q + F32(1))).astype(F32)
+    # denormals off: x / 2 below FLT_MIN is +-0 (so GELU(x) is +-0 for |x| < 2**-125, a subnormal
+    # x included); a subnormal c, c * c or c * p leaves the rest as it is (1 + r(x) = 1 there)
+    return (_ftz(x * F32(0.5)) * ((c * p) / q + F32(1))).astype(F32)
 
 
 def _compiled(name: str) -> Optional[Callable]:
@@ -133,8 +212,10 @@ def _compiled(name: str) -> Optional[Callable]:
     return getattr(vmath_jit, name)
 
 
-# here, below the constants vmath_jit imports
-_SIGMOID, _GELU, _SWIGLU = _compiled("sigmoid_into"), _compiled("gelu_into"), _compiled("swiglu_into")
+# here, below the constants vmath_jit imports; the sigmoid's loops are the CPU's variant's
+_SIGMOID = _compiled("sigmoid_avx2_into" if X86_VARIANT == "avx2" else "sigmoid_into")
+_SWIGLU = _compiled("swiglu_avx2_into" if X86_VARIANT == "avx2" else "swiglu_into")
+_GELU = _compiled("gelu_into")
 
 
 def compiled_into(fn: Callable, x: np.ndarray, out: np.ndarray) -> Optional[Callable[[], None]]:
@@ -152,10 +233,14 @@ def compiled_into(fn: Callable, x: np.ndarray, out: np.ndarray) -> Optional[Call
     return compiled_into_out
 
 # ---------------------------------------------------------------- reciprocal square root
-# XNNPACK's f32 rsqrt on AVX-512 starts from the CPU's 14-bit estimate (vrsqrt14ps) and takes
-# one Newton-Raphson step, x1 = x0 - (a * (x0 * x0) - 1) * (0.5 * x0), each operation rounded
-# to float32 (no fused multiply-add, on purpose). The estimate's bits are the CPU's own, so
-# they are asked of the CPU itself through numba when it has AVX-512F; otherwise the
+# XNNPACK's f32 rsqrt starts from the CPU's estimate and takes one Newton-Raphson step,
+# x1 = x0 - (a * (x0 * x0) - 1) * (0.5 * x0), each operation rounded to float32 (no fused
+# multiply-add, on purpose; denormals off: newton_step), and gives 0 where a is +inf. The
+# estimate is the CPU's:
+# vrsqrt14ps (14 bits) on x86 with AVX-512F (its `avx512f_rsqrt` kernel), vrsqrtps (12 bits,
+# from the CPU maker's own table: its bits can differ between makers) on x86 with AVX but no
+# AVX-512F (its `avx_rsqrt` kernel). So the estimate is asked of the CPU itself, through numba, where numba
+# compiles for a CPU with that instruction; otherwise (no numba, or another numba target) the
 # correctly rounded 1 / sqrt stands in (it differs from XNNPACK's in the last bit at times).
 
 
@@ -163,15 +248,18 @@ def _compile_rsqrt():
     try:
         from ...kernels.fast.vnni_jit import target_has
 
-        if not target_has("avx512f"):
+        estimate = "rsqrt14" if X86_VARIANT == "avx512f" else "rsqrt12"
+        if not target_has("avx512f" if estimate == "rsqrt14" else "avx"):
             return None, None, None
         from . import vmath_jit  # module level: numba's disk cache finds its kernels (closures missed it)
     except ImportError:
         return None, None, None
-    return vmath_jit.rsqrt14, vmath_jit.rsqrt_newton, vmath_jit.rms_tail_rows
+    if estimate == "rsqrt14":
+        return vmath_jit.rsqrt14, vmath_jit.rsqrt_newton, vmath_jit.rms_tail_rows
+    return vmath_jit.rsqrt12, vmath_jit.rsqrt12_newton, vmath_jit.rms_tail_rows12
 
 
-_RSQRT14, _RSQRT, _RMS_TAIL = _compile_rsqrt()
+_ESTIMATE, _RSQRT, _RMS_TAIL = _compile_rsqrt()
 
 
 def warm_up() -> None:
@@ -191,10 +279,16 @@ def warm_up() -> None:
 _warmed: list[bool] = []
 
 
-def newton_step(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """XNNPACK's refinement of the estimate y of 1 / sqrt(a) (0 where a is inf), in numpy."""
+def newton_step(a: np.ndarray, y: np.ndarray, denormals_off: bool = False) -> np.ndarray:
+    """XNNPACK's refinement of the estimate y of 1 / sqrt(a) (0 where a is inf), in numpy. With
+    `denormals_off` (the AVX path's step, rsqrt12_newton) as XNNPACK runs it: a subnormal a reads
+    as +-0 (NaN then, where y is +-inf) and a subnormal y * y (a > 2**126) is 0, so y comes out
+    1.5 y; the other products cannot be subnormal."""
     with np.errstate(all="ignore"):
-        y = y - (a * (y * y) - F32(1)) * (F32(0.5) * y)
+        square = y * y
+        if denormals_off:
+            a, square = _ftz(a), _ftz(square)
+        y = y - (a * square - F32(1)) * (F32(0.5) * y)
         return np.where(a == np.inf, F32(0), y).astype(F32)
 
 
@@ -227,8 +321,9 @@ def rms_tail_into(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarra
 
 def rms_tail(mean: np.ndarray, eps: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """(x * rsqrt(mean + eps)) * w as XNNPACK's Add, ReciprocalSquareRoot and two Multiply nodes
-    compute it: one compiled loop where the CPU has AVX-512F (x [..., n] and mean [..., 1] float32
-    rows in C order, w [n], eps one value), else those four operations in numpy."""
+    compute it: one compiled loop where rsqrt asks the CPU's estimate through numba (x [..., n]
+    and mean [..., 1] float32 rows in C order, w [n], eps one value), else those four operations
+    in numpy."""
     out = np.empty(x.shape, F32)
     compiled = rms_tail_into(mean, eps, x, w, out)
     if compiled is not None:

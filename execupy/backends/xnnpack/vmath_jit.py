@@ -1,7 +1,9 @@
-"""Compiled kernels of vmath.py (imported only where numba is installed): its sigmoid and GELU, and the
-AVX-512 rsqrt, alone and closing an RMSNorm (called only where the CPU has AVX-512F). They are
-module-level functions, which numba's disk cache finds in the next process (as closures they
-were compiled again in every process, 0.4 s in the first forward call)."""
+"""Compiled kernels of vmath.py (imported only where numba is installed): its sigmoids (XNNPACK's
+AVX-512F kernel's steps and its AVX2 kernel's: vmath.X86_VARIANT picks the CPU's) and GELU, and
+rsqrt, alone and closing an RMSNorm, from the CPU's own estimate (vrsqrt14ps, called only where
+numba compiles for AVX-512F; vrsqrtps, only where it compiles for AVX). They are module-level
+functions, which numba's disk cache finds in the next process (as closures they were compiled
+again in every process, 0.4 s in the first forward call)."""
 from __future__ import annotations
 
 import math
@@ -15,11 +17,46 @@ from numba.extending import intrinsic
 from ...kernels.fast import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from ...kernels.fast.fma_jit import float32_bits, float64_from_bits
 from ...kernels.fast.fma_jit import fma32 as _fma
-from .vmath import (_C1, _C2, _LOG2E, _MAGIC_BIAS, _MINUS_LN2_HI, _MINUS_LN2_LO, _TABLE, GELU_BOUND,
-                    GELU_DENOMINATOR, GELU_NUMERATOR)
+from .vmath import (_C1, _C2, _LOG2E, _MAGIC_BIAS, _MINUS_LN2, _MINUS_LN2_HI, _MINUS_LN2_LO, _P5,
+                    _P5_DENORMAL_CUTOFF, _P5_MAGIC_BIAS, _TABLE, FLT_MIN, GELU_BOUND, GELU_DENOMINATOR,
+                    GELU_NUMERATOR)
 
 _A11, _A9, _A7, _A5, _A3, _A1 = GELU_NUMERATOR
 _B10, _B8, _B6, _B4, _B2, _B0 = GELU_DENOMINATOR
+_P5_C5, _P5_C4, _P5_C3, _P5_C2, _P5_C1 = _P5
+
+
+@intrinsic
+def _shifted_into_exponent(typingctx, n):
+    """The float32 whose bits are n's shifted left by 23 (vmath._sigmoid_avx2's 2**k; numba's
+    integer shift would widen the uint32)."""
+    if n != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.bitcast(args[0], ir.IntType(32))
+        return builder.bitcast(builder.shl(bits, ir.Constant(ir.IntType(32), 23)), ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
+def _negative_quiet_nan(typingctx, v):
+    """vmath._negative_quiet_nan of one float32 (LLVM leaves a NaN's bits through the steps unsaid)."""
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.or_(builder.bitcast(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 0x80400000))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+@numba.njit(cache=True, inline="always")
+def _ftz(v):
+    # vmath._ftz of one float32: a subnormal v made a zero of its sign
+    return np.float32(v * np.float32(0)) if abs(v) < FLT_MIN else v
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy")
@@ -66,6 +103,40 @@ def swiglu_into(g, u, out):
         out[i] = np.float32(v * _sigmoid_of(v)) * u[i]
 
 
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _sigmoid_avx2_of(v):
+    # vmath._sigmoid_avx2 (XNNPACK's sigmoid on x86 with AVX2, no AVX-512F) of one element, each
+    # operation in float32 as there
+    f32 = np.float32
+    z = -abs(v)
+    n = _fma(z, _LOG2E, _P5_MAGIC_BIAS)
+    s = _shifted_into_exponent(n)
+    n = f32(n - _P5_MAGIC_BIAS)
+    t = _fma(n, _MINUS_LN2, z)
+    p = _fma(_fma(_fma(_fma(_P5_C5, t, _P5_C4), t, _P5_C3), t, _P5_C2), t, _P5_C1)
+    e = _ftz(_fma(_ftz(f32(t * s)), p, s))  # denormals off, as XNNPACK runs it
+    f = f32(e / f32(e + f32(1)))
+    if z < _P5_DENORMAL_CUTOFF:
+        f = f32(0)
+    if v != v:
+        return _negative_quiet_nan(v)
+    return f if math.copysign(1.0, v) < 0 else f32(f32(1) - f)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def sigmoid_avx2_into(x, out):
+    for i in range(x.size):
+        out[i] = _sigmoid_avx2_of(x[i])
+
+
+@numba.njit(cache=True, error_model="numpy")
+def swiglu_avx2_into(g, u, out):
+    # swiglu_into with the AVX2 kernel's sigmoid
+    for i in range(g.size):
+        v = g[i]
+        out[i] = np.float32(v * _sigmoid_avx2_of(v)) * u[i]
+
+
 @numba.njit(cache=True, error_model="numpy")
 def gelu_into(x, out):
     # vmath._gelu element by element, each operation in float32 as there
@@ -77,7 +148,7 @@ def gelu_into(x, out):
         p = _fma(c2, _fma(c2, _fma(c2, _fma(c2, _A11, _A9), _A7), _A5), _A3)
         q = _fma(c2, _fma(c2, _fma(c2, _fma(c2, _B10, _B8), _B6), _B4), _B2)
         p, q = _fma(c2, p, _A1), _fma(c2, q, _B0)
-        out[i] = f32(f32(v * f32(0.5)) * f32(f32(f32(c * p) / q) + f32(1)))
+        out[i] = f32(_ftz(f32(v * f32(0.5))) * f32(f32(f32(c * p) / q) + f32(1)))
 
 
 @intrinsic
@@ -105,12 +176,48 @@ def rsqrt14(a):
     return out
 
 
+@intrinsic
+def _estimate12(typingctx, a):
+    # the CPU's 12-bit estimate of 1 / sqrt(a): vrsqrtps on 8 lanes (XNNPACK's avx_rsqrt kernel's
+    # instruction), a in lane 0
+    if a != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        vec = ir.VectorType(ir.FloatType(), 8)
+        fn = builder.module.declare_intrinsic("llvm.x86.avx.rsqrt.ps.256", fnty=ir.FunctionType(vec, [vec]))
+        v = builder.insert_element(ir.Constant(vec, [1.0] * 8), args[0], ir.Constant(ir.IntType(32), 0))
+        return builder.extract_element(builder.call(fn, [v]), ir.Constant(ir.IntType(32), 0))
+
+    return types.float32(types.float32), codegen
+
+
+@numba.njit(cache=True)
+def rsqrt12(a):
+    # the CPU's 12-bit estimate of 1 / sqrt(a), a float32 [N]
+    out = np.empty_like(a)
+    for i in range(a.size):
+        out[i] = _estimate12(a[i])
+    return out
+
+
 @numba.njit(cache=True, inline="always")
 def _rsqrt_newton_one(v):
     # rsqrt14 and vmath.newton_step for one float32, each operation in float32 as there
     one, half = np.float32(1), np.float32(0.5)
     y = _estimate(v)
     y = np.float32(y - np.float32(np.float32(v * np.float32(y * y)) - one) * np.float32(half * y))
+    return np.float32(0) if v == np.inf else y
+
+
+@numba.njit(cache=True, inline="always")
+def _rsqrt12_newton_one(v):
+    # rsqrt12 and vmath.newton_step(denormals_off=True) for one float32 (XNNPACK's rsqrt on AVX
+    # without AVX-512F: the same step from the 12-bit estimate, a and y * y flushed)
+    one, half = np.float32(1), np.float32(0.5)
+    a = _ftz(v)
+    y = _estimate12(v)
+    y = np.float32(y - np.float32(np.float32(a * _ftz(np.float32(y * y))) - one) * np.float32(half * y))
     return np.float32(0) if v == np.inf else y
 
 
@@ -123,11 +230,29 @@ def rsqrt_newton(a):
     return out
 
 
+@numba.njit(cache=True)
+def rsqrt12_newton(a):
+    # XNNPACK's rsqrt of a float32 [N] on AVX without AVX-512F
+    out = np.empty_like(a)
+    for i in range(a.size):
+        out[i] = _rsqrt12_newton_one(a[i])
+    return out
+
+
 @numba.njit(cache=True, error_model="numpy")
 def rms_tail_rows(mean, eps, x, w, out):
     # out[r] = (x[r] * rsqrt(mean[r] + eps)) * w for x, out [R, n], mean [R], w [n]: an RMSNorm's
     # last four XNNPACK nodes (Add, ReciprocalSquareRoot, Multiply, Multiply), each rounded as there
     for r in range(x.shape[0]):
         y = _rsqrt_newton_one(np.float32(mean[r] + eps))
+        for i in range(x.shape[1]):
+            out[r, i] = np.float32(x[r, i] * y) * w[i]
+
+
+@numba.njit(cache=True, error_model="numpy")
+def rms_tail_rows12(mean, eps, x, w, out):
+    # rms_tail_rows with the rsqrt of AVX without AVX-512F
+    for r in range(x.shape[0]):
+        y = _rsqrt12_newton_one(np.float32(mean[r] + eps))
         for i in range(x.shape[1]):
             out[r, i] = np.float32(x[r, i] * y) * w[i]

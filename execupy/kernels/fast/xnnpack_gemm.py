@@ -2,24 +2,38 @@
 scale and zero point per row (qd8) times int8 / int4 weights with a scale per output
 channel (qc8w, qc4w) or per block of input channels (qb4w, bf16 scales).
 
-What XNNPACK computes, per row r and output channel c (read from its x86 VNNI microkernels,
-which ExecuTorch 1.5.1 runs on a CPU with AVX512-VNNI or AVX-VNNI; there the activations
-are stored unsigned, q + 128, with zero point zp + 128: "qdu8"):
+What ExecuTorch 1.5.1's XNNPACK computes on x86, per row r and output channel c, from the
+microkernels its gemm configs pick (XNNPACK 92a7ad50, src/configs/gemm-config.c; the Convert's
+quantization, `quantize_rows`, is the same everywhere):
 
-* channelwise: acc = sum_k (q[r,k] - zp[r]) * w[c,k] in int32 (exact), then
-  y = fma(float(acc) * x_scale[r], w_scale[c], bias[c]) in float32.
-* blockwise (qb4w): the packed weights carry ksum[c] = -sum over chunks of 16 inputs of
-  (sum of the chunk's w) * w_scale[c, block], summed in float32 in input order. Then
-  v = ksum[c] * (zp[r] + 128); for each block b in order
-  v = fma(float(sum_{k in b} (q[r,k] + 128) * w[c,k]), w_scale[c,b], v); then
-  y = v * x_scale[r] + bias[c], each step rounded to float32.
+* channelwise (qc8w, qc4w), the same on every CPU with AVX2 (its VNNI kernels; without VNNI
+  qd8-f32-qc8w avx2 and qdu8-f32-qc4w avx2-madd): acc = sum_k (q[r,k] - zp[r]) * w[c,k] in
+  int32 (exact), then y = fma(float(acc) * x_scale[r], w_scale[c], bias[c]) in float32.
+* blockwise (qb4w) depends on the CPU (`ARITHMETIC`, read from the host's flags). The packed
+  weights carry ksum[c] = -sum over chunks of 16 inputs of (sum of the chunk's w) *
+  w_scale[c, block], summed in float32 in input order (the same packing for both).
+  - "vnni": a CPU with AVX512-VNNI runs the qdu8-f32-qb4w 16c8 kernels (activations stored
+    unsigned, q + 128, zero point zp + 128; verified on an Intel CPU with AVX512-VNNI):
+    v = ksum[c] * (zp[r] + 128); for each block b in order
+    v = fma(float(sum_{k in b} (q[r,k] + 128) * w[c,k]), w_scale[c,b], v); then
+    y = v * x_scale[r] + bias[c], each step rounded to float32.
+  - "avx2": an x86 CPU with AVX2 + FMA but no AVX512-VNNI (AVX-VNNI alone included: there is
+    no qdu8 qb4w kernel for it) runs the qd8-f32-qb4w 1x8c8 / 3x8c8 avx2 kernels (signed
+    activations; verified on an AMD EPYC exposing AVX2 + FMA only). Each output keeps four
+    partial sums, lane j holding the inputs k with (k mod 8) // 2 == j (vpmaddwd's pairs):
+    v_0 = ksum[c] * zp[r], v_1 = v_2 = v_3 = 0 * zp[r]; for each block b in order
+    v_j = fma(float(sum_{k in b, lane j} q[r,k] * w[c,k]), w_scale[c,b], v_j); then
+    y = fma((v_0 + v_1) + (v_2 + v_3), x_scale[r], bias[c]).
+  Both kernels keep the weights as w << 4 with the block scales divided by 16 (exact: a
+  power of two), which changes no bit of the above. Elsewhere (no AVX2, not x86, flags
+  unknown) "vnni" stands in; neither is verified there.
 
 Here w are the signed weights (stored 4-bit values minus their zero point 8). A fused
 multiply-add rounds once: `fma32` in numpy, the CPU's own in the compiled kernels (fma_jit).
 
 Two implementations: numpy (always there; the reference) and numba (the `fast` extra),
-equal bit for bit (tests/kernels/test_xnnpack_gemm.py). `BACKEND` says which one the
-public functions use.
+equal bit for bit (tests/kernels/test_xnnpack_gemm.py), each with both qb4w arithmetics.
+`BACKEND` says which one the public functions use.
 """
 from __future__ import annotations
 
@@ -52,6 +66,42 @@ TILE = 256  # output channels per weight tile of the many-row kernel without VNN
 MATVEC_MAX_ROWS = 4
 # A block's sum of (q + 128) * (w + 8) is at most 255 * 15 per input: below 2**24, exact in float32 in any order.
 MAX_EXACT_BLOCK = (1 << 24) // (255 * 15)
+
+
+def cpu_flags() -> Optional[frozenset]:
+    """The host CPU's feature flags as /proc/cpuinfo spells them (avx2, avx512_vnni), else as
+    LLVM does (avx512vnni), or None where neither can tell. The host's own: XNNPACK reads the
+    CPU whatever target numba compiles for (NUMBA_CPU_NAME)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    try:
+        from llvmlite import binding
+
+        return frozenset(name for name, on in binding.get_host_cpu_features().items() if on)
+    except (ImportError, RuntimeError):
+        return None
+
+
+def qb4w_arithmetic(flags: Optional[frozenset]) -> str:
+    """Which qb4w arithmetic XNNPACK runs on a CPU with these flags (the module docstring): "vnni"
+    where its hardware config sets avx512vnni (AVX-512 F, BW, DQ, VL and VNNI), "avx2" on an x86
+    CPU with AVX2 and FMA otherwise; "vnni" stands in where the flags are unknown or neither."""
+    if flags is None:
+        return "vnni"
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags and flags & {"avx512_vnni", "avx512vnni"}:
+        return "vnni"
+    return "avx2" if {"avx2", "fma"} <= flags else "vnni"
+
+
+# This CPU's qb4w arithmetic: the products below read it at each call (or bind), so a test
+# may set it to the other one.
+ARITHMETIC = qb4w_arithmetic(cpu_flags())
+AVX2_LANES = 4  # partial sums per output in XNNPACK's AVX2 qb4w kernels: inputs (k mod 8) // 2 == j in lane j
 
 
 PANEL = quantized.PANEL  # output columns per panel of a BlockwiseWeight (vnni_jit: four vector registers of int32)
@@ -209,8 +259,11 @@ def quantize_rows_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def gemm_blockwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: BlockwiseWeight,
-                         bias: Optional[np.ndarray]) -> np.ndarray:
-    """q int8 [M, K], zp int32 [M], x_scale float32 [M] -> float32 [M, N] (before the clamp)."""
+                         bias: Optional[np.ndarray], arithmetic: Optional[str] = None) -> np.ndarray:
+    """q int8 [M, K], zp int32 [M], x_scale float32 [M] -> float32 [M, N] (before the clamp), in
+    `arithmetic` ("vnni" or "avx2"; this CPU's, ARITHMETIC, by default)."""
+    if (arithmetic or ARITHMETIC) == "avx2":
+        return _gemm_blockwise_avx2_numpy(q, zp, x_scale, w, bias)
     m, k = q.shape
     scales = w.column_scales()
     nb = scales.shape[0]
@@ -223,6 +276,29 @@ def gemm_blockwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: 
         v = fma32(acc[b], scales[None, b], v)
     v = v * x_scale.astype(F32)[:, None]
     return v if bias is None else v + bias.astype(F32)
+
+
+def _gemm_blockwise_avx2_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: BlockwiseWeight,
+                               bias: Optional[np.ndarray]) -> np.ndarray:
+    """gemm_blockwise_numpy in the "avx2" arithmetic: each block's inputs regrouped by lane (input
+    8i + t of the block in lane t // 2), so one matmul gives every lane's sums of q * w, [nb, 4,
+    M, N]: integers at most 128 * 8 * block / 4 in size, exact in float32 in any order."""
+    m, k = q.shape
+    scales = w.column_scales()
+    nb, block, lanes = scales.shape[0], w.block, AVX2_LANES
+    per_lane = block // lanes
+    a = q.astype(F32).reshape(m, nb, block // 8, lanes, 2).transpose(1, 3, 0, 2, 4).reshape(nb, lanes, m, per_lane)
+    signed = quantized.unpack_nibbles(w.column_words()).astype(F32) - F32(8)  # [K, N]
+    signed = signed.reshape(nb, block // 8, lanes, 2, w.n).transpose(0, 2, 1, 3, 4).reshape(nb, lanes, per_lane, w.n)
+    acc = np.matmul(a, signed)
+    zf = zp.astype(F32)[:, None]
+    v = np.empty((lanes, m, w.n), F32)
+    v[0] = w.ksum[None, :w.n] * zf
+    v[1:] = F32(0) * zf  # -0.0 where zp < 0, as the kernel's 0 * zp
+    for b in range(nb):
+        v = fma32(acc[b], scales[None, b], v)
+    y = (v[0] + v[1]) + (v[2] + v[3])
+    return fma32(y, x_scale.astype(F32)[:, None], np.zeros(1, F32) if bias is None else bias.astype(F32)[None, :])
 
 
 def gemm_channelwise_numpy(q: np.ndarray, zp: np.ndarray, x_scale: np.ndarray, w: np.ndarray,
@@ -277,29 +353,43 @@ def _compile() -> Optional[dict[str, Callable]]:
             blockwise_matvec(q, zp, x_scale, w, bias, out)
             return out
         parallel = m * w.n * w.k >= PARALLEL_MIN_MACS
+        threaded = parallel and numba.get_num_threads() > 1
+        if ARITHMETIC == "avx2":  # signed activations, four lanes per output: a tile of unpacked weights at a time
+            run = K.blockwise_tiles_avx2_parallel if threaded else K.blockwise_tiles_avx2
+            run(q.astype(np.int16), zp.astype(F32), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
+            return out
         if VNNI:  # four rows at a time through vpdpbusd, each word row unpacked once for them
             SECOND_THREAD.run(K.blockwise_rows_halves, (K.BLOCKWISE_SECOND_HALF.address, q, zp, x_scale, w.words,
                                                         w.scales, w.ksum, bias, w.block, out),
                               _prompt_site(w.prompt, m, w.n * w.k) if parallel else None)
             return out
-        run = K.blockwise_tiles_parallel if parallel and numba.get_num_threads() > 1 else K.blockwise_tiles
+        run = K.blockwise_tiles_parallel if threaded else K.blockwise_tiles
         a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
         run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
         return out
+
+    def matvec_call(from_float: bool) -> tuple[Callable, tuple]:
+        """The decode mat-vec's kernel in this CPU's arithmetic, and the arguments it takes before
+        the product's own (the "avx2" one's second half: a C function, named by its address)."""
+        if ARITHMETIC == "avx2":
+            kernel = K.blockwise_matvec_from_float_avx2 if from_float else K.blockwise_matvec_avx2
+            return kernel, (K.blockwise_avx2_second_half().address,)
+        return (K.blockwise_matvec_from_float if from_float else K.blockwise_matvec), ()
 
     def blockwise_matvec(q, zp, x_scale, w: BlockwiseWeight, bias, out, threads: Optional[int] = None):
         """out float32 [M, N] for a few rows (M < MATVEC_MAX_ROWS): q int8 [M, K], zp int32 [M],
         x_scale float32 [M], bias float32 [N] (zeros for none). From SHARE_MIN_BYTES bytes of weight on,
         the second core's thread sums half of the blocks while the rule of kernels/cores.py says
         it is free; `threads` (1, 2) overrides the rule. One thread and two give the same bits."""
-        SECOND_THREAD.run(K.blockwise_matvec, (q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
+        kernel, first = matvec_call(False)
+        SECOND_THREAD.run(kernel, (*first, q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
                           _shared_site(w), threads)
         return out
 
     def blockwise_matvec_from_float(x, w: BlockwiseWeight, bias, out):
         """blockwise_matvec of quantize_rows(x) (x float32 [M, K], C order), in one compiled call."""
-        SECOND_THREAD.run(K.blockwise_matvec_from_float, (x, w.words, w.scales, w.ksum, bias, w.block, out),
-                          _shared_site(w))
+        kernel, first = matvec_call(True)
+        SECOND_THREAD.run(kernel, (*first, x, w.words, w.scales, w.ksum, bias, w.block, out), _shared_site(w))
         return out
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
@@ -315,7 +405,7 @@ def _compile() -> Optional[dict[str, Callable]]:
 
     return {"blockwise": blockwise, "blockwise_matvec": blockwise_matvec,
             "blockwise_matvec_from_float": blockwise_matvec_from_float, "channelwise": channelwise,
-            "quantize_rows": quantize_rows, "vnni": VNNI}
+            "quantize_rows": quantize_rows, "vnni": VNNI, "matvec_call": matvec_call}
 
 
 def bind_blockwise(w: BlockwiseWeight, bias: Optional[np.ndarray]) -> Callable[
@@ -432,12 +522,12 @@ def bind_blockwise_from_float_into(w: BlockwiseWeight, bias: Optional[np.ndarray
     rows = x.reshape(-1, w.k)
     if rows.shape[0] >= MATVEC_MAX_ROWS:
         return None
-    from . import xnnpack_gemm_jit as K
     from .second_thread import SECOND_THREAD
 
     bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
-    args = (rows, w.words, w.scales, w.ksum, bias_or_zeros, w.block, out.reshape(-1, w.n))
-    run, kernel = SECOND_THREAD.run, K.blockwise_matvec_from_float
+    kernel, first = NUMBA["matvec_call"](True)  # this CPU's arithmetic
+    args = (*first, rows, w.words, w.scales, w.ksum, bias_or_zeros, w.block, out.reshape(-1, w.n))
+    run = SECOND_THREAD.run
     site = _shared_site(w)
     return lambda: run(kernel, args, site)
 

@@ -17,14 +17,15 @@ from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .fma_jit import fma32
-from .blockwise_jit import PANEL, VNNI, activation_bytes, activation_bytes_int8, blockwise_panels, blockwise_rows
+from .blockwise_jit import (AVX2_LANES, PANEL, VNNI, activation_bytes, activation_bytes_int8, blockwise_panels,
+                            blockwise_panels_avx2, blockwise_rows, lane_shifts)
 from .vnni_jit import _V16, _V16F, LANES, _arrays, _splat, _vector_at
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
 from .second_thread_jit import (BLOCKWISE, CALL, FIELDS, HERE, JOB, JOB_FN, JOB_SLOTS, KIND, TAKEN, THERE, _pointer,
                                cycles, join_chunks, next_chunk, open_chunks, post_chunks, post_job, publish,
                                second_half_where)
-from .xnnpack_gemm import PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
+from .xnnpack_gemm import ARITHMETIC, PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
 assert LAID_OUT == PANEL and TILE % PANEL == 0
 
@@ -37,10 +38,10 @@ _M4 = np.uint32(15)
 
 @numba.njit(cache=True, nogil=True)
 def blockwise_matvec(ctrl, xbuf, scratch, q, zp, x_scale, words, scales, ksum, bias, block, out, share):
-    """out [M, N] for a few rows, XNNPACK's steps in its order (xnnpack_gemm.py), a panel of
-    PANEL outputs at a time (blockwise_jit). With `share` the second core's thread (second_thread_jit)
-    may run the second half of the panels into `scratch`; a panel's bits do not depend on who
-    runs it. Returns the halves taken back."""
+    """out [M, N] for a few rows in the "vnni" arithmetic, XNNPACK's steps in its order
+    (xnnpack_gemm.py), a panel of PANEL outputs at a time (blockwise_jit). With `share` the
+    second core's thread (second_thread_jit) may run the second half of the panels into
+    `scratch`; a panel's bits do not depend on who runs it. Returns the halves taken back."""
     m, k = q.shape
     n = out.shape[1]
     panels, blocks = words.shape[0], k // block
@@ -107,13 +108,14 @@ def _signed_tile(words, scales, c0, width, tile, tile_scales):
 
 @numba.njit(cache=True)
 def blockwise_tile(a, zp, x_scale, words, scales, ksum, bias, block, out, t):
-    # Output channels of tile t, every row. Each block's sum runs across the tile's
-    # channels (vectorizable), then joins v with one fma. Rows are sliced to the tile
-    # first: indexing with c0 + j would make numba check for negative indices, which stops
-    # LLVM from vectorizing (10x slower). A block's sum is an integer: a (q + 128, int16)
-    # times the 4-bit weights, two inputs at a time in int16 (2 * 255 * 8 fits), added up
-    # in int32; exact, so equal to the numpy reference's float32 sums (below 2**24), and
-    # 15-35% faster than summing in float32. Blocks are a multiple of 16 inputs.
+    # Output channels of tile t, every row, in the "vnni" arithmetic (a = q + 128, zp + 128).
+    # Each block's sum runs across the tile's channels (vectorizable), then joins v with one
+    # fma. Rows are sliced to the tile first: indexing with c0 + j would make numba check for
+    # negative indices, which stops LLVM from vectorizing (10x slower). A block's sum is an
+    # integer: a (q + 128, int16) times the 4-bit weights, two inputs at a time in int16
+    # (2 * 255 * 8 fits), added up in int32; exact, so equal to the numpy reference's float32
+    # sums (below 2**24), and 15-35% faster than summing in float32. Blocks are a multiple of
+    # 16 inputs.
     m, k = a.shape
     c0 = t * TILE
     width = min(TILE, out.shape[1] - c0)
@@ -149,6 +151,163 @@ def blockwise_tiles(a, zp, x_scale, words, scales, ksum, bias, block, out):
 def blockwise_tiles_parallel(a, zp, x_scale, words, scales, ksum, bias, block, out):
     for t in numba.prange(-(-out.shape[1] // TILE)):
         blockwise_tile(a, zp, x_scale, words, scales, ksum, bias, block, out, t)
+
+
+# ---------------------------------------------------------------- qb4w in the "avx2" arithmetic (xnnpack_gemm.py)
+# XNNPACK's qb4w kernels on a CPU without AVX512-VNNI: signed activations, four lanes per output.
+# A decode step's second half goes to the second core's thread as a CALL job (second_thread_jit)
+# naming the C function below: xbuf holds the row's q (float32) and then zp; the job's fields, in
+# JOB order, are the addresses of the weight's words, scales and ksum, then K, the panels and the block.
+
+
+@numba.njit(cache=True, nogil=True)
+def blockwise_matvec_avx2(ctrl, xbuf, scratch, second_half, q, zp, x_scale, words, scales, ksum, bias, block, out,
+                          share):
+    """blockwise_matvec in the "avx2" arithmetic: per row, y = blockwise_panels_avx2's panels, then
+    out = fma(y, x_scale, bias). With `share` the second core's thread may run the second half of
+    the panels (`second_half`: blockwise_avx2_second_half()'s address) into `scratch`. Returns the
+    halves taken back."""
+    m, k = q.shape
+    n = out.shape[1]
+    panels, blocks = words.shape[0], k // block
+    middle = panels // 2
+    a, shifts = np.empty(k, np.float32), np.empty((blocks, AVX2_LANES), np.float32)
+    y = np.empty((panels, PANEL), np.float32)
+    share = share and k < xbuf.shape[0] and (panels - middle) * PANEL <= scratch.shape[0]
+    taken_back, seq, start = 0, 0, 0
+    for r in range(m):
+        for i in range(k):
+            a[i] = np.float32(q[r, i])
+        zf = np.float32(zp[r])
+        where = HERE
+        if share:
+            xbuf[:k] = a
+            xbuf[k] = zf
+            ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2] = words.ctypes.data, scales.ctypes.data, ksum.ctypes.data
+            ctrl[JOB + 3], ctrl[JOB + 4], ctrl[JOB + 5] = k, panels, block
+            ctrl[KIND], ctrl[JOB_FN] = CALL, second_half
+            seq = publish(ctrl)
+            start = cycles()
+        lane_shifts(a, block, shifts)
+        blockwise_panels_avx2(a, shifts, words, scales, ksum, zf, block, 0, middle, y[:middle])
+        if share:
+            where = second_half_where(ctrl, seq, start)
+        if where == THERE:
+            y[middle:] = scratch[:(panels - middle) * PANEL].reshape((panels - middle, PANEL))
+        else:
+            blockwise_panels_avx2(a, shifts, words, scales, ksum, zf, block, middle, panels, y[middle:])
+        taken_back += where == TAKEN
+        o, flat, xs = out[r], y.reshape(panels * PANEL), x_scale[r]
+        for j in range(n):
+            o[j] = fma32(flat[j], xs, bias[j])
+    return taken_back
+
+
+@numba.njit(cache=True, nogil=True)
+def blockwise_matvec_from_float_avx2(ctrl, xbuf, scratch, second_half, x, words, scales, ksum, bias, block, out,
+                                     share):
+    """blockwise_matvec_avx2 of x float32 [M, K] quantized first (quantize_rows), in one call."""
+    m = x.shape[0]
+    q, scale, zero = np.empty(x.shape, np.int8), np.empty(m, np.float32), np.empty(m, np.int32)
+    quantize_rows(x, q, scale, zero)
+    return blockwise_matvec_avx2(ctrl, xbuf, scratch, second_half, q, zero, scale, words, scales, ksum, bias, block,
+                                 out, share)
+
+
+def _blockwise_avx2_second_half(words_at, scales_at, ksum_at, k, panels, block, _6, _7, xbuf_at, xbuf_size,
+                                scratch_at, scratch_size):
+    # blockwise_matvec_avx2's second half on the second core's thread: its panels middle.. into scratch
+    middle, blocks = panels // 2, k // block
+    if k >= xbuf_size or (panels - middle) * PANEL > scratch_size:
+        return
+    x = numba.carray(_pointer(xbuf_at), k + 1, np.float32)
+    a = x[:k]
+    shifts = np.empty((blocks, AVX2_LANES), np.float32)
+    lane_shifts(a, block, shifts)
+    blockwise_panels_avx2(a, shifts, numba.carray(_pointer(words_at), (panels, k // 8, PANEL), np.uint32),
+                          numba.carray(_pointer(scales_at), (panels, blocks, PANEL), np.float32),
+                          numba.carray(_pointer(ksum_at), panels * PANEL, np.float32), x[k], block, middle, panels,
+                          numba.carray(_pointer(scratch_at), (panels - middle, PANEL), np.float32))
+
+
+_avx2_second_half = []
+
+
+def blockwise_avx2_second_half():
+    """The C function of blockwise_matvec_avx2's second half, compiled (or read from numba's cache)
+    at its first use: only a process that runs the "avx2" arithmetic pays for it."""
+    if not _avx2_second_half:
+        _avx2_second_half.append(numba.cfunc(_HALF_SIGNATURE, cache=True)(_blockwise_avx2_second_half))
+    return _avx2_second_half[0]
+
+
+@numba.njit(cache=True, inline="always")
+def _eight_inputs(x, tile, i):
+    # inputs i..i + 8 of a row (int16) and the tile's rows of them (int8 [TILE] each)
+    return ((x[i], x[i + 1], x[i + 2], x[i + 3], x[i + 4], x[i + 5], x[i + 6], x[i + 7]),
+            (tile[i], tile[i + 1], tile[i + 2], tile[i + 3], tile[i + 4], tile[i + 5], tile[i + 6], tile[i + 7]))
+
+
+@numba.njit(cache=True)
+def blockwise_tile_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out, t):
+    # blockwise_tile in the "avx2" arithmetic: a int16 [M, K] the signed q, zf float32 [M] the zero
+    # points. Lane l's inputs are the pairs (i, i + 1) with i mod 8 == 2 * l, so each pass over
+    # eight of the tile's rows adds one pair into each lane's sums s0..s3 (int16 products in
+    # int32: exact); the first pass sets them, the last one goes on into each lane's chain (one
+    # fma a block). Blocks are a multiple of 16 inputs: two passes at least.
+    m, k = a.shape
+    c0 = t * TILE
+    width = min(TILE, out.shape[1] - c0)
+    tile, tile_scales = np.empty((k, TILE), np.int8), np.empty((k // block, TILE), np.float32)
+    _signed_tile(words, scales, c0, width, tile, tile_scales)
+    acc = np.empty((AVX2_LANES, TILE), np.int32)
+    s0, s1, s2, s3 = acc[0], acc[1], acc[2], acc[3]
+    v = np.empty((AVX2_LANES, width), np.float32)
+    v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
+    ks, bs = ksum[c0:c0 + width], bias[c0:c0 + width]
+    for r in range(m):
+        z, x = zf[r], a[r]
+        zero = np.float32(0) * z
+        for j in range(width):
+            v0[j] = ks[j] * z
+            v1[j], v2[j], v3[j] = zero, zero, zero
+        for b in range(k // block):
+            (x0, x1, x2, x3, x4, x5, x6, x7), (t0, t1, t2, t3, t4, t5, t6, t7) = _eight_inputs(x, tile, b * block)
+            for j in range(TILE):
+                s0[j] = np.int32(x0 * np.int16(t0[j]) + x1 * np.int16(t1[j]))
+                s1[j] = np.int32(x2 * np.int16(t2[j]) + x3 * np.int16(t3[j]))
+                s2[j] = np.int32(x4 * np.int16(t4[j]) + x5 * np.int16(t5[j]))
+                s3[j] = np.int32(x6 * np.int16(t6[j]) + x7 * np.int16(t7[j]))
+            for i in range(b * block + 8, (b + 1) * block - 8, 8):
+                (x0, x1, x2, x3, x4, x5, x6, x7), (t0, t1, t2, t3, t4, t5, t6, t7) = _eight_inputs(x, tile, i)
+                for j in range(TILE):
+                    s0[j] += np.int32(x0 * np.int16(t0[j]) + x1 * np.int16(t1[j]))
+                    s1[j] += np.int32(x2 * np.int16(t2[j]) + x3 * np.int16(t3[j]))
+                    s2[j] += np.int32(x4 * np.int16(t4[j]) + x5 * np.int16(t5[j]))
+                    s3[j] += np.int32(x6 * np.int16(t6[j]) + x7 * np.int16(t7[j]))
+            (x0, x1, x2, x3, x4, x5, x6, x7), (t0, t1, t2, t3, t4, t5, t6, t7) = _eight_inputs(x, tile, (b + 1) * block - 8)
+            sb = tile_scales[b]
+            # np.int32 before the float: numba's int32 + int32 is an int64, whose float LLVM does not vectorise
+            for j in range(width):
+                v0[j] = fma32(np.float32(np.int32(s0[j] + x0 * np.int16(t0[j]) + x1 * np.int16(t1[j]))), sb[j], v0[j])
+                v1[j] = fma32(np.float32(np.int32(s1[j] + x2 * np.int16(t2[j]) + x3 * np.int16(t3[j]))), sb[j], v1[j])
+                v2[j] = fma32(np.float32(np.int32(s2[j] + x4 * np.int16(t4[j]) + x5 * np.int16(t5[j]))), sb[j], v2[j])
+                v3[j] = fma32(np.float32(np.int32(s3[j] + x6 * np.int16(t6[j]) + x7 * np.int16(t7[j]))), sb[j], v3[j])
+        o, xs = out[r, c0:c0 + width], x_scale[r]
+        for j in range(width):
+            o[j] = fma32((v0[j] + v1[j]) + (v2[j] + v3[j]), xs, bs[j])
+
+
+@numba.njit(cache=True)
+def blockwise_tiles_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out):
+    for t in range(-(-out.shape[1] // TILE)):
+        blockwise_tile_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out, t)
+
+
+@numba.njit(parallel=True, cache=True)
+def blockwise_tiles_avx2_parallel(a, zf, x_scale, words, scales, ksum, bias, block, out):
+    for t in numba.prange(-(-out.shape[1] // TILE)):
+        blockwise_tile_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out, t)
 
 
 # ---------------------------------------------------------------- a prompt's rows, qb4w: both cores (AVX512-VNNI only)
@@ -559,10 +718,17 @@ def scale_sums(acc, x_scale, w_scale, bias, out):
 
 
 # Every compiled entry point by name (the cache test runs each and reads its dispatcher's stats;
-# the helpers are compiled into the kernels that call them).
-KERNELS = {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float,
-           "channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
+# the helpers are compiled into the kernels that call them): those of this CPU's qb4w arithmetic.
+KERNELS = {"channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
+           **({"blockwise_matvec_avx2": blockwise_matvec_avx2,
+               "blockwise_matvec_from_float_avx2": blockwise_matvec_from_float_avx2,
+               "blockwise_tiles_avx2": blockwise_tiles_avx2,
+               "blockwise_tiles_avx2_parallel": blockwise_tiles_avx2_parallel}
+              if ARITHMETIC == "avx2" else
+              {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float}),
            # a prompt's rows: through vpdpbusd where the CPU has it, else a tile of unpacked weights at a time
-           **({"blockwise_rows_halves": blockwise_rows_halves, "channelwise_rows": channelwise_rows,
-               "channelwise_from_float": channelwise_from_float}
-              if VNNI else {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel})}
+           **({"channelwise_rows": channelwise_rows, "channelwise_from_float": channelwise_from_float}
+              if VNNI else {}),
+           **({"blockwise_rows_halves": blockwise_rows_halves} if VNNI and ARITHMETIC == "vnni" else
+              {"blockwise_tiles": blockwise_tiles, "blockwise_tiles_parallel": blockwise_tiles_parallel}
+              if ARITHMETIC == "vnni" else {})}
