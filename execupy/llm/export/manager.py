@@ -22,6 +22,7 @@ tokenizer file, because ``Tokenizer.save`` writes only the vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from execupy.errors import ExecupyError, ExportError
 from execupy.llm.config import EXPORT_DTYPES
 from execupy.llm.loaders import load_checkpoint
 from execupy.llm.export.models import Transformer
+from execupy.llm.export import repeat_layers as repeating
 from execupy.progress import ProgressBar
 
 Progress = Callable[[str], None]
@@ -56,6 +58,7 @@ class ExportResult:
     max_seq_len: int
     max_prefill_len: int
     seconds: float
+    layers_traced: int = 0  # 2 when the other layers were repeated from the second (repeat_layers.py)
 
 
 def _check_dtype(dtype: str) -> None:
@@ -88,6 +91,7 @@ def export_llm(
     progress_bar: Optional[bool] = False,
     generate_full_logits: bool = False,
     down_proj_blocks: int | None = None,
+    repeat_layers: bool = True,
 ) -> ExportResult:
     """Load a .gguf / HF / Meta checkpoint, export it with a KV cache and save the .pte
     and its tokenizer: every stage of LLMExportManager in order. ``progress`` receives
@@ -107,6 +111,10 @@ def export_llm(
     the FFN down projections quantize their input per token in that many blocks (default
     quantize.DOWN_PROJ_BLOCKS; 1 is ExecuTorch's graph; XNNPACK's nodes take one per token).
 
+    ``repeat_layers`` (the default) traces two layers and repeats the second for the others
+    when all are alike (repeat_layers.py): the same program, several times faster to export;
+    False traces every layer.
+
     ``generate_full_logits`` (ExecuTorch's name) makes forward return the logits of every
     token fed, ``[1, T, vocab]``, instead of the last one's: what ``execupy perplexity``
     scores a whole window from in a few calls. The runner samples from the last row either way."""
@@ -123,6 +131,7 @@ def export_llm(
                                                max_prefill_len=max_prefill_len, custom_ops=custom_ops,
                                                progress=progress, progress_bar=progress_bar,
                                                full_logits=generate_full_logits)
+    manager.repeat_layers = repeat_layers
     if backend == "xnnpack":
         from execupy.llm.export.xnnpack_linears import xnnpack_linear_forms
 
@@ -212,7 +221,9 @@ class LLMExportManager:
         result = manager.save("model.pte")                     # .pte + tokenizer file
 
     Each stage checks that the one before it ran, and keeps its product on the manager
-    (``model``, ``exported``, ``edge``, ``program``) for inspection.
+    (``model``, ``exported``, ``edge``, ``program``) for inspection. When every layer is built
+    alike, ``exported`` holds the first two layers only and ``edge`` all of them (see
+    repeat_layers.py; ``manager.repeat_layers = False`` before export() captures them all).
     """
 
     def __init__(self, model: Transformer, tokenizer: object | None = None, max_prefill_len: int | None = None,
@@ -223,6 +234,9 @@ class LLMExportManager:
         self.output_dir = Path(".")
         self.dtype = "fp32"
         self.exported: Optional[torch.export.ExportedProgram] = None
+        # Trace two layers and repeat the second (repeat_layers.py); False traces them all.
+        self.repeat_layers = True
+        self.repeated_layers = False  # whether export() did
         self.edge = None  # execupy.exir.EdgeProgramManager
         self.program = None  # execupy.exir.ExecutorchProgramManager
         self._say = progress or (lambda _msg: None)
@@ -273,26 +287,46 @@ class LLMExportManager:
         return self
 
     def export(self) -> "LLMExportManager":
+        """torch.export of the model; when its layers are all alike (repeat_layers.same_layers),
+        of its first two only, and to_edge repeats the second for the others."""
         self._say("capturing with torch.export")
-        layers = list(getattr(self.model, "layers", ()))
-        with self._bar.stage("capturing", total=len(layers) or None) as bar:
-            hooks = [layer.register_forward_hook(lambda *_: bar.advance()) for layer in layers]
-            try:
-                self.exported = _capture(self.model, self.max_prefill_len)
-            finally:
-                for hook in hooks:
-                    hook.remove()
+        self.repeated_layers = self.repeat_layers and repeating.same_layers(self.model)
+        self.exported = self._capture(only_two_layers=self.repeated_layers)
         return self
+
+    def _capture(self, only_two_layers: bool) -> torch.export.ExportedProgram:
+        with repeating.two_layers(self.model) if only_two_layers else contextlib.nullcontext():
+            layers = list(getattr(self.model, "layers", ()))
+            with self._bar.stage("capturing", total=len(layers) or None) as bar:
+                hooks = [layer.register_forward_hook(lambda *_: bar.advance()) for layer in layers]
+                try:
+                    return _capture(self.model, self.max_prefill_len)
+                finally:
+                    for hook in hooks:
+                        hook.remove()
 
     def to_edge(self) -> "LLMExportManager":
         self._require(self.exported is not None, "to_edge", "after export()")
-        from execupy.exir import to_edge
+        from execupy.exir import EdgeProgramManager, to_edge
 
         self._say("lowering to the edge dialect")
         methods = constant_methods(self.model, self.max_prefill_len, self.tokenizer)
         with self._bar.stage("lowering"):
             self.edge = to_edge(self.exported, constant_methods=methods)
+            if self.repeated_layers:
+                ep = repeating.repeat_layers(self.edge.exported_program(), self.model)
+                if ep is None:  # not laid out as repeat_layers expects: capture every layer after all
+                    self.repeated_layers = False
+                    self.exported = self._capture(only_two_layers=False)
+                    self.edge = to_edge(self.exported, constant_methods=methods)
+                else:
+                    self.edge = EdgeProgramManager({"forward": ep}, methods, self.edge.compile_config)
+                    self._say(f"repeated layer 1 for layers 2-{len(self.model.layers) - 1}")
         return self
+
+    @property
+    def layers_traced(self) -> int:
+        return 2 if self.repeated_layers else len(getattr(self.model, "layers", ()))
 
     def to_backend(self, partitioners: Sequence[object]) -> "LLMExportManager":
         """Delegate what each partitioner claims (execupy.exir.backend.Partitioner)."""
@@ -330,7 +364,7 @@ class LLMExportManager:
             self.program.save(path, on_write=bar.advance)
         self._say(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
         return ExportResult(path, tok_path, self.model.max_seq_len, self.max_prefill_len,
-                            time.perf_counter() - self._t0)
+                            time.perf_counter() - self._t0, self.layers_traced)
 
     @staticmethod
     def _require(ok: bool, stage: str, when: str) -> None:
