@@ -234,9 +234,10 @@ def test_requantize_numba_equals_numpy(acc_dtype, bias_dtype, storage, zero, lo,
                                                                zero, lo, hi, np.empty(acc.shape, storage)))
 
 
-# rows past the last tile of 6: none, 1, 2, 3 (with an odd panel), 4, 5
+# rows past the last tile of 6: none, 1, 2, 3 (with an odd panel), 4, 5; a last panel of 16, 8, 1,
+# 5, 12 or 13 columns (stored as whole vectors, whole halves and masked lanes)
 GEMM_SHAPES = [(1, 27, 16), (5, 8, 48), (6, 16, 8), (7, 3, 17), (13, 96, 16), (100, 48, 288), (25, 160, 1000),
-               (14, 8, 48), (15, 40, 33), (23, 24, 64)]
+               (14, 8, 48), (15, 40, 33), (23, 24, 64), (8, 20, 12), (9, 12, 29)]
 
 
 @pytest.mark.parametrize("m, k, n", GEMM_SHAPES)

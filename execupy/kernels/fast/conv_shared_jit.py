@@ -40,7 +40,7 @@ CHUNKS_PER_THREAD = 8  # a thread's share in about this many chunks: a late thre
 
 @numba.njit(cache=True, inline="always")
 def _chunking(m, p_, batch):
-    """(rows, panels) of a chunk: whole tiles of rows, or an even number of panels."""
+    """(rows, panels) of a chunk: whole tiles of rows, or of panels."""
     chunks = max(1, 2 * CHUNKS_PER_THREAD // batch)
     if p_ * LANES > m:  # W read more than X
         return m, TILE_PANELS * max(1, -(-p_ // (TILE_PANELS * chunks)))

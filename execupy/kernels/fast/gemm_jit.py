@@ -4,10 +4,10 @@
 out[M, N] = clamp(bias + x[M, K] @ W[K, N], lo, hi). BLAS does the product well for large
 matrices, but a MobileNet's are tall and thin (6400 pixels x 8 inputs x 48 outputs): OpenBLAS
 packs both operands for a few hundred multiply-adds a row, and the bias and clamp are another
-pass over an output larger than L2. Here a tile of TILE_ROWS rows x 32 outputs is summed in
-twelve 16-lane registers (`llvm.fma`, rounded once per step as XNNPACK's vfmadd), started from
-the bias as XNNPACK's microkernels start, clamped and stored once: no packing of x, one write
-of the output.
+pass over an output larger than L2. Here a tile of TILE_ROWS rows x 32 outputs (16 without
+AVX-512) is summed in registers (`llvm.fma`, rounded once per step as XNNPACK's vfmadd),
+started from the bias as XNNPACK's microkernels start, clamped and stored once: no packing of
+x, one write of the output.
 
 W is laid out once, at load, as panels [P, K, 16] (output columns 16p.. of every input k next
 to each other; the last panel padded with zero columns, the bias with zeros), so a step of a
@@ -41,20 +41,49 @@ from .vnni_jit import _F32, _I32, _V16F, LANES, _arrays, _fma, _item, _splat, _v
 # Without the instruction llvm.fma is a call to the C library's fmaf per lane: BLAS is faster there.
 FMA = target_has("fma")
 
-TILE_ROWS = 6  # rows per tile: 6 x 2 accumulators + 2 weight vectors + a broadcast fit the 32 registers
-TILE_PANELS = 2  # 16-column panels per tile
-_LANE_IDS = ir.Constant(ir.VectorType(ir.IntType(64), LANES), list(range(LANES)))
+# A tile is TILE_ROWS rows x TILE_PANELS 16-column panels. With AVX-512, 6 x 2 accumulators, 2 weight
+# vectors and a broadcast fit the 32 registers. Without it each 16-lane vector is two 8-lane AVX2
+# registers, of which there are 16: 6 x 1 panel (12 + 2 + 1) fits, 6 x 2 spilled its sums to memory
+# every step (a 2-core EPYC with AVX2: 6 x 1 1.3-1.8x faster, 47-80 GFLOP/s a core on MobileNet's
+# and BERT's shapes, where 6 x 2 made 25-45).
+TILE_ROWS = 6
+TILE_PANELS = 2 if target_has("avx512f") else 1
 
 
 def _masked_store(builder, value, at, remaining):
-    """Store the first `remaining` lanes of the 16-lane `value` at `at` (all of them from 16 on)."""
-    vector = value.type
+    """Store the first `remaining` lanes of the vector `value` at `at` (all of them from its width
+    on). Whole vectors, and whole 8-lane halves of a partial one, are plain stores: AMD's Zen
+    cores run a masked store (vmaskmovps) as a slow microcoded sequence, and a tile of 6 rows
+    stores 12 or 24 vectors."""
+    lanes = value.type.count
+    with builder.if_else(builder.icmp_signed(">=", remaining, ir.Constant(remaining.type, lanes))) as (whole, part):
+        with whole:
+            builder.store(value, builder.bitcast(at, value.type.as_pointer()), align=1)
+        with part:
+            if lanes > 8:
+                half = lanes // 2
+                low, high = (builder.shuffle_vector(value, value, ir.Constant(
+                    ir.VectorType(ir.IntType(32), half), list(range(start, start + half)))) for start in (0, half))
+                _masked_store(builder, low, at, remaining)
+                rest = builder.sub(remaining, ir.Constant(remaining.type, half))
+                with builder.if_then(builder.icmp_signed(">", rest, ir.Constant(remaining.type, 0))):
+                    _masked_store(builder, high, builder.gep(at, [ir.Constant(ir.IntType(64), half)]), rest)
+            else:
+                _store_first_lanes(builder, value, at, remaining)
+
+
+def _store_first_lanes(builder, value, at, remaining):
+    vector, lanes = value.type, value.type.count
+    kind = f"v{lanes}{'f32' if vector.element == _F32 else 'i8'}"
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(), ir.IntType(32),
-                                                        ir.VectorType(ir.IntType(1), LANES)]),
-        f"llvm.masked.store.v{LANES}{'f32' if vector.element == _F32 else 'i8'}.p0v{LANES}"
-        f"{'f32' if vector.element == _F32 else 'i8'}")
-    mask = builder.icmp_signed("<", _LANE_IDS, _splat(builder, remaining, ir.VectorType(ir.IntType(64), LANES)))
+                                                        ir.VectorType(ir.IntType(1), lanes)]),
+        f"llvm.masked.store.{kind}.p0{kind}")
+    longs = ir.VectorType(ir.IntType(64), lanes)
+    one = builder.insert_element(ir.Constant(longs, ir.Undefined), remaining, ir.Constant(ir.IntType(32), 0))
+    every = builder.shuffle_vector(one, ir.Constant(longs, ir.Undefined),
+                                   ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+    mask = builder.icmp_signed("<", ir.Constant(longs, list(range(lanes))), every)
     builder.call(fn, [value, builder.bitcast(at, vector.as_pointer()), ir.Constant(ir.IntType(32), 1), mask])
 
 
@@ -211,7 +240,8 @@ def batch_panels(b, transpose, w):
                         panel[kk, j] = b[h, kk, p * LANES + j]
 
 
-# The tile shapes of each kind: TILE_ROWS x TILE_PANELS, TILE_ROWS x 1, 1 x TILE_PANELS, 1 x 1, and
+# The tile shapes of each kind ("PAIR": TILE_PANELS panels, two with AVX-512, else one, as "ONE"):
+# TILE_ROWS x TILE_PANELS, TILE_ROWS x 1, 1 x TILE_PANELS, 1 x 1, and
 # 2..5 x TILE_PANELS for the rows left after the last full tile (module-level names: numba's disk
 # cache does not match a kernel calling a closure's dispatcher). One row's two chains of fmas
 # wait on each other's latency: BERT's 128 tokens leave two rows, which took ~28 us of a
@@ -260,7 +290,7 @@ def _left_pairs(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out
 
 @numba.njit(cache=True, nogil=True)
 def windows_block(x, bases, offsets, w, bias, scale, zero, lo, hi, requantize, out, r0, r1, p0, p1):
-    """Rows r0..r1 x panels p0..p1 (p0 even) of windows_product's out: tiles of TILE_ROWS rows,
+    """Rows r0..r1 x panels p0..p1 (p0 a multiple of TILE_PANELS) of windows_product's out: tiles of TILE_ROWS rows,
     then one tile of the rows left. (Both kinds of tile are compiled for the given `out`; only
     the one `requantize` names runs.)"""
     pairs, full = p1 - (p1 - p0) % TILE_PANELS, r1 - (r1 - r0) % TILE_ROWS
