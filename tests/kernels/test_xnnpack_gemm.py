@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from execupy.kernels.fast import xnnpack_gemm as XG
+from execupy.kernels.fast import quantized
 
 pytestmark = pytest.mark.skipif(XG.NUMBA is None, reason="numba (the `fast` extra) is not installed")
 
@@ -25,9 +26,13 @@ def _activations(rng, m: int, k: int):
                                            (4, 4000, 576, 32), (1, 1000, 576, 32), (1, 8192, 576, 32),
                                            (11, 300, 576, 32), (113, 200, 1536, 64), (6, 70, 96, 16)])
 @pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("arithmetic", ["vnni", "avx2"])  # this CPU's, and the other one's compiled float path
-def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias, arithmetic, monkeypatch):
-    monkeypatch.setattr(XG, "ARITHMETIC", arithmetic)
+@pytest.mark.parametrize("arithmetic", ["vnni", "avx2", "avx2 tiles"])  # this CPU's, the other one's compiled
+def test_blockwise_numba_equals_numpy(m, n, k, block, with_bias, arithmetic, monkeypatch):  # float path; "avx2 tiles":
+    from execupy.kernels.fast import xnnpack_gemm_jit as K  # a prompt's path where numba does not compile for AVX2
+
+    monkeypatch.setattr(XG, "ARITHMETIC", arithmetic.split()[0])
+    if arithmetic == "avx2 tiles":
+        monkeypatch.setattr(K, "AVX2", False)
     rng = np.random.default_rng(m * n + k)
     q, zp, scale = _activations(rng, m, k)
     w = rng.integers(-8, 8, (n, k)).astype(np.int8)
@@ -145,34 +150,63 @@ def test_both_panel_kernels_equal_numpy(variant):
     B.activation_bytes(a, block, xbytes, shifts)
     panels = packed.words.shape[0]
     v = (packed.ksum * np.float32(zp[0] + 128)).reshape(panels, B.PANEL)
-    getattr(B, variant)(a, xbytes, shifts, packed.words, packed.scales, block // 8, 0, panels, v)
+    getattr(B, variant)(a, xbytes, shifts, packed.words_as("rows"), packed.scales_as("rows"), block // 8, 0, panels, v)
     ours = v.reshape(-1)[:n] * scale[0]
     np.testing.assert_array_equal(ours, XG.gemm_blockwise_numpy(q, zp, scale, packed, None, "vnni")[0])
 
 
+@pytest.mark.parametrize("kernel", ["panel_outputs_bytes", "panel_outputs_float"])
 @pytest.mark.parametrize("zero_point", [-128, -3, 0, 127])
-def test_the_avx2_panel_kernel_equals_numpy(zero_point):
-    """The decode mat-vec's panels in the "avx2" arithmetic (blockwise_jit.blockwise_panels_avx2:
-    four lanes' chains, summed (v0 + v1) + (v2 + v3)), then XNNPACK's fma with the row's scale and
-    the bias, equal the reference bit for bit (150 outputs: three panels, the last one padded)."""
+@pytest.mark.parametrize("block", [16, 32, 64, 96, 128])  # 16-64 unrolled; 128: the int16 sums widened twice a block
+def test_the_avx2_panel_kernels_equal_numpy(zero_point, block, kernel):
+    """The decode mat-vec's panels in the "avx2" arithmetic, on words in the lanes layout: four
+    lanes' chains, from AVX2's byte products (avx2_jit) or from the bytes one at a time, summed
+    (v0 + v1) + (v2 + v3), then XNNPACK's fma with the row's scale and the bias, equal the
+    reference bit for bit (150 outputs: three panels, the last one padded; the first block's
+    terms all at their largest)."""
     from execupy.kernels.fast import blockwise_jit as B
 
+    if kernel == "panel_outputs_bytes" and not B.AVX2:
+        pytest.skip("numba does not compile for AVX2 here: the other variant runs")
     rng = np.random.default_rng(200 + zero_point)
-    n, k, block = 150, 576, 32
+    n, k = 150, 1152
     q, zp, scale = _activations(rng, 1, k)
+    q[0, :128] = -128
     zp[:] = zero_point
     scales = (rng.random((n, k // block)) * 0.02 + 1e-4).astype(ml_dtypes.bfloat16).astype(np.float32)
-    packed = XG.pack_blockwise(rng.integers(-8, 8, (n, k)).astype(np.int8), scales)
+    w = rng.integers(-8, 8, (n, k)).astype(np.int8)
+    w[:, :128] = 7
+    packed = XG.pack_blockwise(w, scales)
     bias = rng.standard_normal(n).astype(np.float32)
-    a = q[0].astype(np.float32)
     shifts = np.empty((k // block, B.AVX2_LANES), np.float32)
-    B.lane_shifts(a, block, shifts)
+    B.lane_shifts(q[0], block, shifts)
     panels = packed.words.shape[0]
     y = np.empty((panels, B.PANEL), np.float32)
-    B.blockwise_panels_avx2(a, shifts, packed.words, packed.scales, packed.ksum, np.float32(zero_point), block, 0,
-                            panels, y)
-    ours = XG.fma32(y.reshape(-1)[:n], scale[0], bias)
-    np.testing.assert_array_equal(ours, XG.gemm_blockwise_numpy(q, zp, scale, packed, bias, "avx2")[0])
+    getattr(B, kernel)(packed.words_as("lanes"), q[0], shifts, packed.scales_as("lanes"), packed.ksum, np.float32(zero_point),
+                       block, 0, panels, y)
+    np.testing.assert_array_equal(XG.fma32(y.reshape(-1)[:n], scale[0], bias),
+                                  XG.gemm_blockwise_numpy(q, zp, scale, packed, bias, "avx2")[0])
+
+
+def test_the_two_layouts_hold_the_same_weights():
+    """A filter packed in the "lanes" layout is the "rows" one's bytes and scales rearranged (and
+    back), from either packing function; and each gives the same weights and scales back."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(-8, 8, (150, 576)).astype(np.int8)
+    scales = rng.random((150, 18)).astype(np.float32)
+    stored = (w + 8).astype(np.uint8)
+    nibbles = stored[:, 0::2] | (stored[:, 1::2] << np.uint8(4))
+    for pack in (lambda: XG.pack_blockwise(w, scales), lambda: XG.pack_blockwise_stored(nibbles, scales)):
+        packed = pack()
+        rows, lanes = packed.words_as("rows"), packed.words_as("lanes")
+        assert packed.layout == XG.packing_layout() and rows.shape == lanes.shape
+        np.testing.assert_array_equal(XG.rows_layout(lanes), rows)
+        np.testing.assert_array_equal(XG.lanes_layout(rows), lanes)
+        assert not np.array_equal(rows, lanes)
+        np.testing.assert_array_equal(quantized.unpack_nibbles(packed.column_words()).T[:150].astype(np.int8) - 8, w)
+        np.testing.assert_array_equal(XG.rows_scales(packed.scales_as("lanes")), packed.scales_as("rows"))
+        np.testing.assert_array_equal(XG.lanes_scales(packed.scales_as("rows")), packed.scales_as("lanes"))
+        np.testing.assert_array_equal(packed.column_scales().T, scales)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5])  # one compiled call below MATVEC_MAX_ROWS, the general path above
@@ -417,8 +451,12 @@ def test_a_second_process_finds_every_gemm_kernel_in_numbas_cache(tmp_path):
     # a prompt's rows: through vpdpbusd (the second thread's half a C function) where the CPU has it;
     # the qb4w kernels of this CPU's arithmetic ("avx2": the decode step's second half a C function)
     channelwise_rows = {"channelwise_rows", "channelwise_from_float", "CHANNELWISE_CHUNKS", "QUANTIZE_CHUNKS"}
-    qb4w = ({"blockwise_matvec_avx2", "blockwise_matvec_from_float_avx2", "blockwise_tiles_avx2",
-             "blockwise_tiles_avx2_parallel", "BLOCKWISE_AVX2_SECOND_HALF"} if XG.ARITHMETIC == "avx2"
+    from execupy.kernels.fast.avx2_jit import AVX2
+
+    avx2_prompts = ("blockwise_rows_avx2", "blockwise_rows_avx2_parallel") if AVX2 else ("blockwise_tiles_avx2",
+                                                                                        "blockwise_tiles_avx2_parallel")
+    qb4w = ({"blockwise_matvec_avx2", "blockwise_matvec_from_float_avx2", *avx2_prompts,
+             "BLOCKWISE_AVX2_SECOND_HALF"} if XG.ARITHMETIC == "avx2"
             else {"blockwise_matvec", "blockwise_matvec_from_float"}
             | ({"blockwise_rows_halves", "BLOCKWISE_SECOND_HALF"} if VNNI
                else {"blockwise_tiles", "blockwise_tiles_parallel"}))

@@ -6,8 +6,9 @@ second core's thread (second_thread_jit) the second, each into its own buffer: a
 depend on nothing else, so who computes it does not change a bit. Two arithmetics, as the CPU
 decides (xnnpack_gemm.ARITHMETIC): "vnni" (blockwise_panels; with AVX512-VNNI the block sums come
 from vpdpbusd (vnni_jit), elsewhere from float32 sums of the same integers, exact in any order)
-and "avx2" (blockwise_panels_avx2: four lanes' float32 sums, exact, and their chains; its second
-half runs through xnnpack_gemm_jit's C function).
+and "avx2" (blockwise_panels_avx2: four lanes' exact sums, from vpmaddubsw where numba compiles
+for AVX2 (avx2_jit), from float32 products elsewhere, and their chains; its second half runs
+through xnnpack_gemm_jit's C function).
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import numpy as np
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .fma_jit import fma32
 from .quantized_jit import exact_nibble_sums
+from .avx2_jit import (AVX2, GROUP as LANES_GROUP, LANES as AVX2_LANES, ROWS as AVX2_ROWS, lane_activations,
+                       panel_outputs_16, panel_outputs_16_rows, panel_outputs_32, panel_outputs_32_rows,
+                       panel_outputs_64, panel_outputs_64_rows, panel_outputs_any, panel_outputs_any_rows)
 from .vnni_jit import PANEL, ROWS, VNNI, panel_chain, panel_chain_rows
 
 
@@ -122,73 +126,125 @@ def blockwise_rows(xbytes, shifts, zr, x_scale, words, scales, ksum, bias, block
 # XNNPACK's qb4w kernels on a CPU without AVX512-VNNI keep four partial sums per output, lane j
 # holding the inputs k with (k mod 8) // 2 == j, on signed activations q; y = (v0 + v1) + (v2 + v3).
 # Both threads of a decode mat-vec run blockwise_panels_avx2 (the second through
-# xnnpack_gemm_jit's C function): its float steps are in one order, its sums exact.
-AVX2_LANES = 4
+# xnnpack_gemm_jit's C function) on words in the "lanes" layout (avx2_jit): its float steps are in
+# one order, its sums exact.
 
 
 @numba.njit(cache=True)
-def lane_shifts(a, block, shifts):
-    """shifts float32 [K / block, AVX2_LANES] = 8 * each block's sum of a over each lane's inputs
-    (what the stored values' +8 adds to that lane's sums); a float32 [K] the signed q. Exact."""
+def lane_shifts(q, block, shifts):
+    """shifts float32 [K / block, AVX2_LANES] = 8 * each block's sum of q over each lane's inputs
+    (what the stored values' +8 adds to that lane's sums); q int8 [K] the signed activations. Exact."""
     for b in range(shifts.shape[0]):
-        s0 = s1 = s2 = s3 = np.float32(0)
+        s0 = s1 = s2 = s3 = 0
         for i in range(b * block, (b + 1) * block, 8):
-            s0 += a[i] + a[i + 1]
-            s1 += a[i + 2] + a[i + 3]
-            s2 += a[i + 4] + a[i + 5]
-            s3 += a[i + 6] + a[i + 7]
-        shifts[b, 0], shifts[b, 1] = np.float32(8) * s0, np.float32(8) * s1
-        shifts[b, 2], shifts[b, 3] = np.float32(8) * s2, np.float32(8) * s3
+            s0 += np.int32(q[i]) + np.int32(q[i + 1])
+            s1 += np.int32(q[i + 2]) + np.int32(q[i + 3])
+            s2 += np.int32(q[i + 4]) + np.int32(q[i + 5])
+            s3 += np.int32(q[i + 6]) + np.int32(q[i + 7])
+        shifts[b, 0], shifts[b, 1] = np.float32(8 * s0), np.float32(8 * s1)
+        shifts[b, 2], shifts[b, 3] = np.float32(8 * s2), np.float32(8 * s3)
 
 
-_M4 = np.uint32(15)
-_S4, _S8, _S12, _S16, _S20, _S24, _S28 = (np.uint32(4 * r) for r in range(1, 8))
+@numba.njit(cache=True, inline="always")
+def lanes_register(p, j, doubles):
+    """Where output j of panel p has its register's bytes of double row 0 in the lanes layout
+    (xnnpack_gemm._panel_words), a byte offset into the words: double row d is d * 32 * LANES_GROUP
+    bytes on, output c = j % 4, lane t, word row 2d + rho in its byte 2 * (4t + c) + rho."""
+    g = j // 4
+    return ((p * (PANEL // 4 // LANES_GROUP) + g // LANES_GROUP) * doubles * LANES_GROUP + g % LANES_GROUP) * 32
 
 
-@numba.njit(cache=True, fastmath=True)
-def lane_nibble_sums(a, words, r0, r1, sums):
-    """sums float32 [AVX2_LANES, PANEL]: lane j's sum over word rows r0..r1 of a[8r + 2j] and
-    a[8r + 2j + 1] times their stored 4-bit values (words uint32 [K/8, PANEL], one panel). Every
-    partial sum an integer below 2**24 (xnnpack_gemm.MAX_EXACT_BLOCK): exact in any order."""
-    s0, s1, s2, s3 = sums[0], sums[1], sums[2], sums[3]
-    s0[:] = 0
-    s1[:] = 0
-    s2[:] = 0
-    s3[:] = 0
-    for r in range(r0, r1):
-        c = 8 * r
-        x0, x1, x2, x3, x4, x5, x6, x7 = a[c], a[c + 1], a[c + 2], a[c + 3], a[c + 4], a[c + 5], a[c + 6], a[c + 7]
-        row = words[r]
+@numba.njit(cache=True, inline="always")
+def lanes_scale(scales, p, b, j):
+    """The scale of panel p's output j in block b, from scales in the lanes layout
+    (xnnpack_gemm.lanes_scales: a pair of registers' eight outputs, block after block)."""
+    g, blocks = j // 4, scales.shape[1]
+    return scales[p].reshape(-1)[((g // LANES_GROUP) * blocks + b) * 4 * LANES_GROUP + (g % LANES_GROUP) * 4 + j % 4]
+
+
+@numba.njit(cache=True)
+def panel_outputs_float(words, q, shifts, scales, ksum, zf, block, p0, p1, y):
+    """avx2_jit.panel_outputs without AVX2's byte products (numba compiling for another
+    target): the same sums from the lanes layout's bytes one at a time, the same float steps.
+    shifts float32 [blocks, AVX2_LANES] (lane_shifts)."""
+    doubles, per = q.shape[0] // 16, block // 16
+    data = words.reshape(-1).view(np.uint8)
+    zero = np.float32(0) * zf
+    v = np.empty(AVX2_LANES, np.float32)
+    for p in range(p0, p1):
         for j in range(PANEL):
-            v = row[j]
-            s0[j] += x0 * np.float32(np.int32(v & _M4)) + x1 * np.float32(np.int32((v >> _S4) & _M4))
-            s1[j] += x2 * np.float32(np.int32((v >> _S8) & _M4)) + x3 * np.float32(np.int32((v >> _S12) & _M4))
-            s2[j] += x4 * np.float32(np.int32((v >> _S16) & _M4)) + x5 * np.float32(np.int32((v >> _S20) & _M4))
-            s3[j] += x6 * np.float32(np.int32((v >> _S24) & _M4)) + x7 * np.float32(np.int32(v >> _S28))
+            c = j % 4
+            start = lanes_register(p, j, doubles)
+            v[0], v[1], v[2], v[3] = ksum[p * PANEL + j] * zf, zero, zero, zero
+            for b in range(shifts.shape[0]):
+                for t in range(AVX2_LANES):
+                    total = 0
+                    for d in range(b * per, (b + 1) * per):
+                        for rho in range(2):
+                            byte = np.int32(data[start + d * 32 * LANES_GROUP + 2 * (4 * t + c) + rho])
+                            i = 16 * d + 8 * rho + 2 * t
+                            total += np.int32(q[i]) * (byte & 15) + np.int32(q[i + 1]) * (byte >> 4)
+                    v[t] = fma32(np.float32(total) - shifts[b, t], lanes_scale(scales, p, b, j), v[t])
+            y[p - p0, j] = (v[0] + v[1]) + (v[2] + v[3])
 
 
 @numba.njit(cache=True, nogil=True)
-def blockwise_panels_avx2(a, shifts, words, scales, ksum, zf, block, p0, p1, y):
-    """y [p1 - p0, PANEL] = panels p0..p1's outputs before the row's scale and the bias, in the
-    "avx2" arithmetic: lanes from v0 = ksum * zp (`zf`, float32), v1..v3 = 0 * zp, one fma per
-    block and lane in order, then (v0 + v1) + (v2 + v3). a float32 [K] the signed q; shifts its
-    lane_shifts."""
-    per = block // 8
-    sums, v = np.empty((AVX2_LANES, PANEL), np.float32), np.empty((AVX2_LANES, PANEL), np.float32)
-    zero = np.float32(0) * zf
-    v0, v1, v2, v3 = v[0], v[1], v[2], v[3]
-    for p in range(p0, p1):
-        panel, panel_scales = words[p], scales[p]
-        for j in range(PANEL):
-            v0[j] = ksum[p * PANEL + j] * zf
-            v1[j], v2[j], v3[j] = zero, zero, zero
-        for b in range(shifts.shape[0]):
-            lane_nibble_sums(a, panel, b * per, (b + 1) * per, sums)
-            block_scales = panel_scales[b]
-            for lane in range(AVX2_LANES):
-                chain, lane_sums, shift = v[lane], sums[lane], shifts[b, lane]
-                for j in range(PANEL):
-                    chain[j] = fma32(lane_sums[j] - shift, block_scales[j], chain[j])
-        out = y[p - p0]
-        for j in range(PANEL):
-            out[j] = (v0[j] + v1[j]) + (v2[j] + v3[j])
+def lane_operands(q, block, xs, chained):
+    """A row's operands for avx2_jit's panel_outputs from its signed activations q int8 [K] (C
+    order): xs int8 [K/16, 2, 32] (lane_activations) and chained float32 [blocks, 2, 8], its
+    lane_shifts as the chains hold them ([t0 x4, t1 x4], [t2 x4, t3 x4])."""
+    lane_activations(q, xs)
+    shifts = np.empty((chained.shape[0], AVX2_LANES), np.float32)
+    lane_shifts(q, block, shifts)
+    for b in range(shifts.shape[0]):
+        for h in range(2):
+            for i in range(8):
+                chained[b, h, i] = shifts[b, 2 * h + i // 4]
+
+
+@numba.njit(cache=True, nogil=True)
+def panel_outputs_rows(words, xs, chained, scales, ksum, zf, block, p0, p1, y):
+    """y [M, (p1 - p0) * PANEL]: panels p0..p1's outputs of every row before its scale and the
+    bias (avx2_jit.panel_outputs), AVX2_ROWS rows at a time, then the rest one by one; xs, chained
+    each row's lane_operands, zf float32 [M] the zero points."""
+    m, per = xs.shape[0], block // 16
+    r = 0
+    while r + AVX2_ROWS <= m:
+        if per == 2:
+            panel_outputs_32_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        elif per == 4:
+            panel_outputs_64_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        elif per == 1:
+            panel_outputs_16_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        else:
+            panel_outputs_any_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        r += AVX2_ROWS
+    while r < m:
+        if per == 2:
+            panel_outputs_32(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        elif per == 4:
+            panel_outputs_64(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        elif per == 1:
+            panel_outputs_16(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        else:
+            panel_outputs_any(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        r += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def panel_outputs_bytes(words, q, shifts, scales, ksum, zf, block, p0, p1, y):
+    """panel_outputs_float's outputs from AVX2's byte products (avx2_jit), the same arguments."""
+    xs = np.empty((1, q.shape[0] // 16, 2, 32), np.int8)
+    chained = np.empty((1, shifts.shape[0], 2, 8), np.float32)
+    lane_operands(q, block, xs[0], chained[0])
+    zfs = np.empty(1, np.float32)
+    zfs[0] = zf
+    panel_outputs_rows(words, xs, chained, scales, ksum, zfs, block, p0, p1, y.reshape((1, -1)))
+
+
+# blockwise_panels_avx2(words, q, shifts, scales, ksum, zf, block, p0, p1, y): y [p1 - p0, PANEL] =
+# panels p0..p1's outputs before the row's scale and the bias, in the "avx2" arithmetic: lanes from
+# v0 = ksum * zp (`zf`, float32), v1..v3 = 0 * zp, one fma per block and lane in order, then
+# (v0 + v1) + (v2 + v3); words in the lanes layout, q int8 [K] the signed activations (C order),
+# shifts their lane_shifts. Chosen once, as _chains above.
+blockwise_panels_avx2 = panel_outputs_bytes if AVX2 else panel_outputs_float

@@ -115,13 +115,16 @@ class BlockwiseWeight:
     kernels keep them (`quantized.nibble_words`), so that a decode mat-vec streams each panel's
     rows from one run of memory (a [K/8, N] layout read at 12-15 GB/s from memory where a panel
     reads at 27); scales float32 [N/64, K / block, 64] (the bf16 values) and ksum float32 [N/64 *
-    64] (as XNNPACK packs it); n the true number of outputs."""
+    64] (as XNNPACK packs it); n the true number of outputs. `layout` "lanes": the same bytes of
+    each panel rearranged for the "avx2" arithmetic's kernels (lanes_layout), as the packing
+    functions lay them out where that is this CPU's arithmetic."""
 
     words: np.ndarray
     scales: np.ndarray
     ksum: np.ndarray
     block: int
     n: int
+    layout: str = "rows"
     serial_s: float = 0.0  # the last one-thread mat-vec on it, seconds (assumed until one); see kernels/cores.py
     prompt: cores.PerRow = field(default_factory=cores.PerRow)  # its prompts' call site for the same rule
 
@@ -137,13 +140,89 @@ class BlockwiseWeight:
         """What a decode mat-vec reads: the words and the block scales."""
         return self.words.nbytes + self.scales.nbytes
 
+    def words_as(self, layout: str) -> np.ndarray:
+        """words in `layout` ("rows" or "lanes"): its own array, or a rearranged copy (a test
+        that switches ARITHMETIC after packing)."""
+        if layout == self.layout:
+            return self.words
+        return lanes_layout(self.words) if layout == "lanes" else rows_layout(self.words)
+
+    def scales_as(self, layout: str) -> np.ndarray:
+        """scales in `layout`, as words_as."""
+        if layout == self.layout:
+            return self.scales
+        return lanes_scales(self.scales) if layout == "lanes" else rows_scales(self.scales)
+
     def column_words(self) -> np.ndarray:
         """words as uint32 [K/8, N] (one row of words per eight inputs)."""
-        return quantized.unpanel(self.words, self.n)
+        return quantized.unpanel(self.words_as("rows"), self.n)
 
     def column_scales(self) -> np.ndarray:
         """scales as float32 [K / block, N]."""
-        return quantized.unpanel(self.scales, self.n)
+        return quantized.unpanel(self.scales_as("rows"), self.n)
+
+
+# A panel's bytes as uint8 [P, 64 outputs, K/8 word rows, 4 bytes], the rows split in pairs
+# (d, rho) and the outputs in registers of four (g, c), the registers in pairs (gg, gi): the "rows"
+# layout orders them [P, d, rho, g, c, byte] (a word row of the panel, one output's word after
+# another), the "lanes" layout [P, gg, d, gi, byte, c, rho] (avx2_jit: a pair of registers of four
+# outputs, LANES_GROUP, read through the panel as one run, a cache line per double row).
+LANES_GROUP = 2  # avx2_jit.GROUP (xnnpack_gemm_jit checks)
+_LANES_ORDER = (0, 1, 4, 2, 6, 3, 5)  # from [P, gg, gi, c, d, rho, byte]
+
+
+def _panel_words(by_output: np.ndarray, layout: str) -> np.ndarray:
+    """uint32 [N', K/8] (N' a multiple of PANEL; each output's words in input order) -> words
+    [N'/64, K/8, 64] in `layout`, in one copy."""
+    rows = by_output.shape[1]
+    b = np.ascontiguousarray(by_output).view(np.uint8).reshape(-1, PANEL // 4 // LANES_GROUP, LANES_GROUP, 4,
+                                                                rows // 2, 2, 4)
+    if layout == "rows":  # [P, d, rho, g, c, byte]
+        ordered = b.reshape(-1, PANEL // 4, 4, rows // 2, 2, 4).transpose(0, 3, 4, 1, 2, 5)
+    else:
+        ordered = b.transpose(_LANES_ORDER)
+    return np.ascontiguousarray(ordered).reshape(-1).view(np.uint32).reshape(-1, rows, PANEL)
+
+
+def lanes_layout(words: np.ndarray) -> np.ndarray:
+    """words uint32 [P, K/8, 64] in the "rows" layout -> the same bytes in the "lanes" layout."""
+    p, rows, _ = words.shape
+    by_output = words.transpose(0, 2, 1).reshape(p * PANEL, rows)
+    return _panel_words(by_output, "lanes")
+
+
+def rows_layout(words: np.ndarray) -> np.ndarray:
+    """lanes_layout undone."""
+    p, rows, _ = words.shape
+    b = words.view(np.uint8).reshape(p, PANEL // 4 // LANES_GROUP, rows // 2, LANES_GROUP, 4, 4, 2)
+    ordered = b.transpose(0, 2, 6, 1, 3, 5, 4)  # [P, d, rho, gg, gi, c, byte]
+    return np.ascontiguousarray(ordered).reshape(-1).view(np.uint32).reshape(p, rows, PANEL)
+
+
+def lanes_scales(scales: np.ndarray) -> np.ndarray:
+    """scales float32 [P, blocks, 64] -> the lanes layout's: each pair of registers' eight outputs'
+    scales of every block, one run, [P, 8 pairs, blocks, 8] (kept [P, blocks, 64] in shape)."""
+    p, blocks, _ = scales.shape
+    pairs = scales.reshape(p, blocks, -1, 4 * LANES_GROUP).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(pairs).reshape(p, blocks, PANEL)
+
+
+def rows_scales(scales: np.ndarray) -> np.ndarray:
+    """lanes_scales undone."""
+    p, blocks, _ = scales.shape
+    return np.ascontiguousarray(scales.reshape(p, -1, blocks, 4 * LANES_GROUP).transpose(0, 2, 1, 3)).reshape(
+        p, blocks, PANEL)
+
+
+def _panel_scales(scales: np.ndarray, layout: str) -> np.ndarray:
+    """scales [N, K / block] -> float32 [N'/64, K / block, 64] in `layout`."""
+    rows = quantized.panels(np.asarray(scales, F32).T)
+    return lanes_scales(rows) if layout == "lanes" else rows
+
+
+def packing_layout() -> str:
+    """The layout this CPU's arithmetic reads."""
+    return "lanes" if ARITHMETIC == "avx2" else "rows"
 
 
 def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
@@ -159,8 +238,9 @@ def pack_blockwise(w: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
     padded = -(-n // PANEL) * PANEL
     stored = np.full((k, padded), 8, np.uint8)  # the padding's weights are 0, its scales 0
     stored[:, :n] = (np.asarray(w, np.int8).T + np.int8(8)).view(np.uint8)
-    return BlockwiseWeight(quantized.panels(quantized.nibble_words(stored)), quantized.panels(scales.T),
-                           np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n)
+    layout = packing_layout()
+    return BlockwiseWeight(_panel_words(quantized.nibble_words(stored).T, layout), _panel_scales(scales, layout),
+                           np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n, layout=layout)
 
 
 def pack_blockwise_stored(nibbles: np.ndarray, scales: np.ndarray) -> BlockwiseWeight:
@@ -183,8 +263,9 @@ def pack_blockwise_stored(nibbles: np.ndarray, scales: np.ndarray) -> BlockwiseW
     padded = -(-n // PANEL) * PANEL
     panel_words = np.full((padded, k // 8), 0x88888888, np.uint32)  # the padding's weights are 0 (stored 8)
     panel_words[:n] = words
-    return BlockwiseWeight(np.ascontiguousarray(panel_words.reshape(-1, PANEL, k // 8).transpose(0, 2, 1)),
-                           quantized.panels(scales.T), np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n)
+    layout = packing_layout()
+    return BlockwiseWeight(_panel_words(panel_words, layout), _panel_scales(scales, layout),
+                           np.concatenate([ksum, np.zeros(padded - n, F32)]), block, n, layout=layout)
 
 
 def side_by_side(weights: list[BlockwiseWeight]) -> tuple[BlockwiseWeight, list[int]]:
@@ -192,9 +273,12 @@ def side_by_side(weights: list[BlockwiseWeight]) -> tuple[BlockwiseWeight, list[
     padded to whole panels), so that one product computes all their outputs; and where each one's
     outputs start. A panel's outputs depend on nothing else: each is what its own filter gives."""
     starts = list(np.cumsum([0] + [w.words.shape[0] * PANEL for w in weights[:-1]]))
-    return BlockwiseWeight(np.concatenate([w.words for w in weights]), np.concatenate([w.scales for w in weights]),
-                           np.concatenate([w.ksum for w in weights]), weights[0].block,
-                           sum(w.words.shape[0] for w in weights) * PANEL), [int(s) for s in starts]
+    layout = weights[0].layout
+    return BlockwiseWeight(np.concatenate([w.words_as(layout) for w in weights]),
+                           np.concatenate([w.scales_as(layout) for w in weights]),
+                           np.concatenate([w.ksum for w in weights]),
+                           weights[0].block, sum(w.words.shape[0] for w in weights) * PANEL,
+                           layout=layout), [int(s) for s in starts]
 
 
 def _shared_site(w: BlockwiseWeight) -> Optional[BlockwiseWeight]:
@@ -354,18 +438,24 @@ def _compile() -> Optional[dict[str, Callable]]:
             return out
         parallel = m * w.n * w.k >= PARALLEL_MIN_MACS
         threaded = parallel and numba.get_num_threads() > 1
-        if ARITHMETIC == "avx2":  # signed activations, four lanes per output: a tile of unpacked weights at a time
-            run = K.blockwise_tiles_avx2_parallel if threaded else K.blockwise_tiles_avx2
-            run(q.astype(np.int16), zp.astype(F32), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
+        if ARITHMETIC == "avx2" and K.AVX2:  # AVX2's byte products, four rows per unpacking of the nibbles
+            run = K.blockwise_rows_avx2_parallel if threaded else K.blockwise_rows_avx2
+            run(q, zp, x_scale, w.words_as("lanes"), w.scales_as("lanes"), w.ksum, bias, w.block, out)
             return out
+        if ARITHMETIC == "avx2":  # numba not compiling for AVX2: a tile of unpacked weights at a time
+            run = K.blockwise_tiles_avx2_parallel if threaded else K.blockwise_tiles_avx2
+            run(q.astype(np.int16), zp.astype(F32), x_scale, w.words_as("lanes"), w.scales_as("lanes"), w.ksum, bias,
+                w.block, out)
+            return out
+        words, scales = w.words_as("rows"), w.scales_as("rows")
         if VNNI:  # four rows at a time through vpdpbusd, each word row unpacked once for them
-            SECOND_THREAD.run(K.blockwise_rows_halves, (K.BLOCKWISE_SECOND_HALF.address, q, zp, x_scale, w.words,
-                                                        w.scales, w.ksum, bias, w.block, out),
+            SECOND_THREAD.run(K.blockwise_rows_halves, (K.BLOCKWISE_SECOND_HALF.address, q, zp, x_scale, words,
+                                                        scales, w.ksum, bias, w.block, out),
                               _prompt_site(w.prompt, m, w.n * w.k) if parallel else None)
             return out
         run = K.blockwise_tiles_parallel if threaded else K.blockwise_tiles
         a = q.astype(np.int16) + np.int16(UNSIGNED_OFFSET)
-        run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale, w.words, w.scales, w.ksum, bias, w.block, out)
+        run(a, zp.astype(F32) + F32(UNSIGNED_OFFSET), x_scale, words, scales, w.ksum, bias, w.block, out)
         return out
 
     def matvec_call(from_float: bool) -> tuple[Callable, tuple]:
@@ -382,14 +472,18 @@ def _compile() -> Optional[dict[str, Callable]]:
         the second core's thread sums half of the blocks while the rule of kernels/cores.py says
         it is free; `threads` (1, 2) overrides the rule. One thread and two give the same bits."""
         kernel, first = matvec_call(False)
-        SECOND_THREAD.run(kernel, (*first, q, zp, x_scale, w.words, w.scales, w.ksum, bias, w.block, out),
+        layout = packing_layout()
+        SECOND_THREAD.run(kernel, (*first, q, zp, x_scale, w.words_as(layout), w.scales_as(layout), w.ksum, bias,
+                                   w.block, out),
                           _shared_site(w), threads)
         return out
 
     def blockwise_matvec_from_float(x, w: BlockwiseWeight, bias, out):
         """blockwise_matvec of quantize_rows(x) (x float32 [M, K], C order), in one compiled call."""
         kernel, first = matvec_call(True)
-        SECOND_THREAD.run(kernel, (*first, x, w.words, w.scales, w.ksum, bias, w.block, out), _shared_site(w))
+        layout = packing_layout()
+        SECOND_THREAD.run(kernel, (*first, x, w.words_as(layout), w.scales_as(layout), w.ksum, bias, w.block, out),
+                          _shared_site(w))
         return out
 
     def channelwise(q, zp, x_scale, w, w_scale, bias):
@@ -526,7 +620,9 @@ def bind_blockwise_from_float_into(w: BlockwiseWeight, bias: Optional[np.ndarray
 
     bias_or_zeros = np.zeros(w.n, F32) if bias is None else np.ascontiguousarray(bias, F32)
     kernel, first = NUMBA["matvec_call"](True)  # this CPU's arithmetic
-    args = (*first, rows, w.words, w.scales, w.ksum, bias_or_zeros, w.block, out.reshape(-1, w.n))
+    layout = packing_layout()
+    args = (*first, rows, w.words_as(layout), w.scales_as(layout), w.ksum, bias_or_zeros, w.block,
+            out.reshape(-1, w.n))
     run = SECOND_THREAD.run
     site = _shared_site(w)
     return lambda: run(kernel, args, site)

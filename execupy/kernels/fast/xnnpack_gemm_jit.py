@@ -17,17 +17,19 @@ from numba.extending import intrinsic
 
 from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamped by folder)
 from .fma_jit import fma32
+from .avx2_jit import AVX2, GROUP
 from .blockwise_jit import (AVX2_LANES, PANEL, VNNI, activation_bytes, activation_bytes_int8, blockwise_panels,
-                            blockwise_panels_avx2, blockwise_rows, lane_shifts)
+                            blockwise_panels_avx2, blockwise_rows, lane_operands, lane_shifts, lanes_register,
+                            lanes_scale, panel_outputs_rows)
 from .vnni_jit import _V16, _V16F, LANES, _arrays, _splat, _vector_at
 from .vnni_jit import ROWS, channel_panel_row, channel_panel_row_scaled, channel_panel_rows, channel_panel_rows_scaled
 from .rows_jit import is_nan_bits, ordered_key
 from .second_thread_jit import (BLOCKWISE, CALL, FIELDS, HERE, JOB, JOB_FN, JOB_SLOTS, KIND, TAKEN, THERE, _pointer,
                                cycles, join_chunks, next_chunk, open_chunks, post_chunks, post_job, publish,
                                second_half_where)
-from .xnnpack_gemm import ARITHMETIC, PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
+from .xnnpack_gemm import ARITHMETIC, LANES_GROUP, PANEL as LAID_OUT, TILE  # defined before xnnpack_gemm imports this module
 
-assert LAID_OUT == PANEL and TILE % PANEL == 0
+assert LAID_OUT == PANEL and TILE % PANEL == 0 and LANES_GROUP == GROUP
 
 
 _M4 = np.uint32(15)
@@ -156,7 +158,7 @@ def blockwise_tiles_parallel(a, zp, x_scale, words, scales, ksum, bias, block, o
 # ---------------------------------------------------------------- qb4w in the "avx2" arithmetic (xnnpack_gemm.py)
 # XNNPACK's qb4w kernels on a CPU without AVX512-VNNI: signed activations, four lanes per output.
 # A decode step's second half goes to the second core's thread as a CALL job (second_thread_jit)
-# naming the C function below: xbuf holds the row's q (float32) and then zp; the job's fields, in
+# naming the C function below: xbuf holds the row's q (its K bytes) and then zp (float32); the job's fields, in
 # JOB order, are the addresses of the weight's words, scales and ksum, then K, the panels and the block.
 
 
@@ -171,31 +173,30 @@ def blockwise_matvec_avx2(ctrl, xbuf, scratch, second_half, q, zp, x_scale, word
     n = out.shape[1]
     panels, blocks = words.shape[0], k // block
     middle = panels // 2
-    a, shifts = np.empty(k, np.float32), np.empty((blocks, AVX2_LANES), np.float32)
+    row, shifts = np.empty(k, np.int8), np.empty((blocks, AVX2_LANES), np.float32)
     y = np.empty((panels, PANEL), np.float32)
-    share = share and k < xbuf.shape[0] and (panels - middle) * PANEL <= scratch.shape[0]
+    share = share and k // 4 < xbuf.shape[0] and (panels - middle) * PANEL <= scratch.shape[0]
     taken_back, seq, start = 0, 0, 0
     for r in range(m):
-        for i in range(k):
-            a[i] = np.float32(q[r, i])
+        row[:] = q[r]
         zf = np.float32(zp[r])
         where = HERE
         if share:
-            xbuf[:k] = a
-            xbuf[k] = zf
+            xbuf.view(np.int8)[:k] = row  # the second half reads q's bytes, then zp after them
+            xbuf[k // 4] = zf
             ctrl[JOB], ctrl[JOB + 1], ctrl[JOB + 2] = words.ctypes.data, scales.ctypes.data, ksum.ctypes.data
             ctrl[JOB + 3], ctrl[JOB + 4], ctrl[JOB + 5] = k, panels, block
             ctrl[KIND], ctrl[JOB_FN] = CALL, second_half
             seq = publish(ctrl)
             start = cycles()
-        lane_shifts(a, block, shifts)
-        blockwise_panels_avx2(a, shifts, words, scales, ksum, zf, block, 0, middle, y[:middle])
+        lane_shifts(row, block, shifts)
+        blockwise_panels_avx2(words, row, shifts, scales, ksum, zf, block, 0, middle, y[:middle])
         if share:
             where = second_half_where(ctrl, seq, start)
         if where == THERE:
             y[middle:] = scratch[:(panels - middle) * PANEL].reshape((panels - middle, PANEL))
         else:
-            blockwise_panels_avx2(a, shifts, words, scales, ksum, zf, block, middle, panels, y[middle:])
+            blockwise_panels_avx2(words, row, shifts, scales, ksum, zf, block, middle, panels, y[middle:])
         taken_back += where == TAKEN
         o, flat, xs = out[r], y.reshape(panels * PANEL), x_scale[r]
         for j in range(n):
@@ -218,15 +219,15 @@ def _blockwise_avx2_second_half(words_at, scales_at, ksum_at, k, panels, block, 
                                 scratch_at, scratch_size):
     # blockwise_matvec_avx2's second half on the second core's thread: its panels middle.. into scratch
     middle, blocks = panels // 2, k // block
-    if k >= xbuf_size or (panels - middle) * PANEL > scratch_size:
+    if k // 4 >= xbuf_size or (panels - middle) * PANEL > scratch_size:
         return
-    x = numba.carray(_pointer(xbuf_at), k + 1, np.float32)
-    a = x[:k]
+    q = numba.carray(_pointer(xbuf_at), k, np.int8)
+    zf = numba.carray(_pointer(xbuf_at), k // 4 + 1, np.float32)[k // 4]
     shifts = np.empty((blocks, AVX2_LANES), np.float32)
-    lane_shifts(a, block, shifts)
-    blockwise_panels_avx2(a, shifts, numba.carray(_pointer(words_at), (panels, k // 8, PANEL), np.uint32),
+    lane_shifts(q, block, shifts)
+    blockwise_panels_avx2(numba.carray(_pointer(words_at), (panels, k // 8, PANEL), np.uint32), q, shifts,
                           numba.carray(_pointer(scales_at), (panels, blocks, PANEL), np.float32),
-                          numba.carray(_pointer(ksum_at), panels * PANEL, np.float32), x[k], block, middle, panels,
+                          numba.carray(_pointer(ksum_at), panels * PANEL, np.float32), zf, block, middle, panels,
                           numba.carray(_pointer(scratch_at), (panels - middle, PANEL), np.float32))
 
 
@@ -249,9 +250,29 @@ def _eight_inputs(x, tile, i):
 
 
 @numba.njit(cache=True)
+def _signed_tile_lanes(words, scales, c0, width, tile, tile_scales):
+    # _signed_tile of words and scales in the lanes layout (blockwise_jit.lanes_register, lanes_scale)
+    tile[:] = 0
+    doubles = words.shape[1] // 2
+    data = words.reshape(-1).view(np.uint8)
+    for j in range(width):
+        p, jj = (c0 + j) // PANEL, (c0 + j) % PANEL
+        start = lanes_register(p, jj, doubles) + 2 * (jj % 4)
+        for d in range(doubles):
+            for t in range(4):
+                for rho in range(2):
+                    byte = np.int32(data[start + d * 32 * LANES_GROUP + 8 * t + rho])
+                    i = 16 * d + 8 * rho + 2 * t
+                    tile[i, j] = np.int8((byte & 15) - 8)
+                    tile[i + 1, j] = np.int8((byte >> 4) - 8)
+        for b in range(scales.shape[1]):
+            tile_scales[b, j] = lanes_scale(scales, p, b, jj)
+
+
+@numba.njit(cache=True)
 def blockwise_tile_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out, t):
-    # blockwise_tile in the "avx2" arithmetic: a int16 [M, K] the signed q, zf float32 [M] the zero
-    # points. Lane l's inputs are the pairs (i, i + 1) with i mod 8 == 2 * l, so each pass over
+    # blockwise_tile in the "avx2" arithmetic on words in the lanes layout: a int16 [M, K] the signed
+    # q, zf float32 [M] the zero points. Lane l's inputs are the pairs (i, i + 1) with i mod 8 == 2 * l, so each pass over
     # eight of the tile's rows adds one pair into each lane's sums s0..s3 (int16 products in
     # int32: exact); the first pass sets them, the last one goes on into each lane's chain (one
     # fma a block). Blocks are a multiple of 16 inputs: two passes at least.
@@ -259,7 +280,7 @@ def blockwise_tile_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out, t
     c0 = t * TILE
     width = min(TILE, out.shape[1] - c0)
     tile, tile_scales = np.empty((k, TILE), np.int8), np.empty((k // block, TILE), np.float32)
-    _signed_tile(words, scales, c0, width, tile, tile_scales)
+    _signed_tile_lanes(words, scales, c0, width, tile, tile_scales)
     acc = np.empty((AVX2_LANES, TILE), np.int32)
     s0, s1, s2, s3 = acc[0], acc[1], acc[2], acc[3]
     v = np.empty((AVX2_LANES, width), np.float32)
@@ -308,6 +329,52 @@ def blockwise_tiles_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out):
 def blockwise_tiles_avx2_parallel(a, zf, x_scale, words, scales, ksum, bias, block, out):
     for t in numba.prange(-(-out.shape[1] // TILE)):
         blockwise_tile_avx2(a, zf, x_scale, words, scales, ksum, bias, block, out, t)
+
+
+# ---------------------------------------------------------------- a prompt's rows, qb4w, "avx2" with AVX2 instructions
+# Each row's operands once (lane_operands), then the panels' outputs AVX2_ROWS rows at a time
+# (avx2_jit), then out = fma(y, x_scale, bias) as the mat-vec finishes its row. The parallel one
+# gives each thread whole panels: a panel's outputs depend on nothing else.
+
+
+@numba.njit(cache=True, nogil=True)
+def _prompt_operands(q, zp, block, blocks):
+    m, k = q.shape
+    xs, chained = np.empty((m, k // 16, 2, 32), np.int8), np.empty((m, blocks, 2, 8), np.float32)
+    row = np.empty(k, np.int8)
+    for r in range(m):
+        row[:] = q[r]
+        lane_operands(row, block, xs[r], chained[r])
+    return xs, chained, zp.astype(np.float32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _finish_rows(y, x_scale, bias, out, c0, c1):
+    for r in range(out.shape[0]):
+        o, yr, xs = out[r], y[r], x_scale[r]
+        for j in range(c0, c1):
+            o[j] = fma32(yr[j], xs, bias[j])
+
+
+@numba.njit(cache=True, nogil=True)
+def blockwise_rows_avx2(q, zp, x_scale, words, scales, ksum, bias, block, out):
+    """out float32 [M, N] for a prompt's rows q int8 [M, K] in the "avx2" arithmetic, one thread."""
+    panels, n = words.shape[0], out.shape[1]
+    xs, chained, zf = _prompt_operands(q, zp, block, q.shape[1] // block)
+    y = np.empty((q.shape[0], panels * PANEL), np.float32)
+    panel_outputs_rows(words, xs, chained, scales, ksum, zf, block, 0, panels, y)
+    _finish_rows(y, x_scale, bias, out, 0, n)
+
+
+@numba.njit(parallel=True, cache=True)
+def blockwise_rows_avx2_parallel(q, zp, x_scale, words, scales, ksum, bias, block, out):
+    """blockwise_rows_avx2 with numba's threads, a panel each in turn."""
+    panels, n = words.shape[0], out.shape[1]
+    xs, chained, zf = _prompt_operands(q, zp, block, q.shape[1] // block)
+    y = np.empty((q.shape[0], panels * PANEL), np.float32)
+    for p in numba.prange(panels):
+        panel_outputs_rows(words, xs, chained, scales, ksum, zf, block, p, p + 1, y[:, p * PANEL:(p + 1) * PANEL])
+        _finish_rows(y, x_scale, bias, out, p * PANEL, min(n, (p + 1) * PANEL))
 
 
 # ---------------------------------------------------------------- a prompt's rows, qb4w: both cores (AVX512-VNNI only)
@@ -722,8 +789,10 @@ def scale_sums(acc, x_scale, w_scale, bias, out):
 KERNELS = {"channelwise": channelwise, "scale_sums": scale_sums, "quantize_rows": quantize_rows,
            **({"blockwise_matvec_avx2": blockwise_matvec_avx2,
                "blockwise_matvec_from_float_avx2": blockwise_matvec_from_float_avx2,
-               "blockwise_tiles_avx2": blockwise_tiles_avx2,
-               "blockwise_tiles_avx2_parallel": blockwise_tiles_avx2_parallel}
+               **({"blockwise_rows_avx2": blockwise_rows_avx2, "blockwise_rows_avx2_parallel": blockwise_rows_avx2_parallel}
+                  if AVX2 else
+                  {"blockwise_tiles_avx2": blockwise_tiles_avx2,
+                   "blockwise_tiles_avx2_parallel": blockwise_tiles_avx2_parallel})}
               if ARITHMETIC == "avx2" else
               {"blockwise_matvec": blockwise_matvec, "blockwise_matvec_from_float": blockwise_matvec_from_float}),
            # a prompt's rows: through vpdpbusd where the CPU has it, else a tile of unpacked weights at a time
