@@ -128,110 +128,126 @@ def _splat4(builder, x):
     return builder.shuffle_vector(one, ir.Constant(_V4F, ir.Undefined), _indices([0] * 4))
 
 
-def _panel_outputs(per: int | None, rows: int):
-    """panel_outputs for blocks of `per` double rows, unrolled (per <= CHUNK), or, for None, of
-    any size (its per_block argument), widened every CHUNK double rows; `rows` rows at a time."""
+def _emit_panel_outputs(context, builder, sig, args, per: int | None, rows: int) -> None:
+    """The IR of panel_outputs for blocks of `per` double rows, unrolled (per <= CHUNK), or, for
+    None, of any size (the per_block argument), widened every CHUNK double rows; `rows` rows at a time."""
+    words_t, xs_t, sh_t, sc_t, ks_t, zf_t, _, _, _, _, y_t = sig.args
+    w_arr, xs_arr, sh_arr, sc_arr, ks_arr, zf_arr, y_arr = _arrays(context, builder, sig, args,
+                                                                   (0, 1, 2, 3, 4, 5, 10))
+    p0, p1, r0 = args[7], args[8], args[9]
+    intp = cgutils.intp_t
+    per_d = args[6] if per is None else ir.Constant(intp, per)
+    zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
+    row_ids = [builder.add(r0, ir.Constant(intp, m)) for m in range(rows)]
+    doubles = builder.extract_value(xs_arr.shape, 1)
+    blocks = builder.extract_value(sh_arr.shape, 1)
+    step = ir.Constant(intp, 32 * GROUP)  # a pair of registers' bytes of a double row
+    run_bytes = builder.mul(doubles, step)  # the pair's run through a panel
+    zf4 = [_splat4(builder, builder.load(_vector(context, builder, zf_t, zf_arr, [row], _F32))) for row in row_ids]
+    # v1..v3 start as 0 * zp (-0.0 for a negative one, as XNNPACK's)
+    zeros8 = [builder.fmul(ir.Constant(_V8F, [0.0] * 8), builder.shuffle_vector(z, z, _indices([0] * 8)))
+              for z in zf4]
+    chains = [[[cgutils.alloca_once(builder, _V8F) for _ in range(2)] for _ in range(GROUP)] for _ in range(rows)]
+    acc32 = [[[cgutils.alloca_once(builder, _V8) for _ in range(2)] for _ in range(GROUP)] for _ in range(rows)]
+    acc16 = [[cgutils.alloca_once(builder, _V16S) for _ in range(GROUP)] for _ in range(rows)]
+    with cgutils.for_range_slice(builder, p0, p1, one) as (p, _):
+        panel_at = _vector(context, builder, words_t, w_arr, [p, zero, zero], _I8)
+        scales_at = _vector(context, builder, sc_t, sc_arr, [p, zero, zero], _F32)
+        with cgutils.for_range_slice(builder, zero, ir.Constant(intp, REGISTERS), ir.Constant(intp, GROUP)) \
+                as (g0, _):
+            pair = builder.udiv(g0, ir.Constant(intp, GROUP))
+            run_at = builder.gep(panel_at, [builder.mul(pair, run_bytes)])
+            starts = [builder.gep(run_at, [ir.Constant(intp, 32 * g)]) for g in range(GROUP)]
+            outputs = [builder.mul(builder.add(g0, ir.Constant(intp, g)), ir.Constant(intp, OUTPUTS))
+                       for g in range(GROUP)]
+            for g in range(GROUP):  # v0 = ksum * zp, v1..v3 = 0 * zp
+                ks_at = _vector(context, builder, ks_t, ks_arr,
+                                [builder.add(builder.mul(p, ir.Constant(intp, PANEL)), outputs[g])], _V4F)
+                ks = builder.load(ks_at, align=4)
+                for m in range(rows):
+                    low4 = builder.shuffle_vector(zeros8[m], zeros8[m], _indices(range(4)))
+                    builder.store(builder.shuffle_vector(builder.fmul(ks, zf4[m]), low4, _indices(range(8))),
+                                  chains[m][g][0])
+                    builder.store(zeros8[m], chains[m][g][1])
+            with cgutils.for_range_slice(builder, zero, blocks, one) as (b, _):
+                d0 = builder.mul(b, per_d)
+                if per is not None:  # the block's double rows unrolled, its int16 sums in registers
+                    sums = [[ir.Constant(_V16S, None)] * GROUP for _ in range(rows)]
+                    for i in range(per):
+                        sums = _sums_of_double_row(context, builder, xs_t, xs_arr, row_ids,
+                                                   builder.add(d0, ir.Constant(intp, i)), starts, step, sums)
+                    wide = [[_widened(builder, s) for s in row_sums] for row_sums in sums]
+                else:
+                    for acc in (a for row_accs in acc32 for g_accs in row_accs for a in g_accs):
+                        builder.store(ir.Constant(_V8, None), acc)
+                    d_end = builder.add(d0, per_d)
+                    with cgutils.for_range_slice(builder, d0, d_end, ir.Constant(intp, CHUNK)) as (chunk, _):
+                        for acc in (a for row_accs in acc16 for a in row_accs):
+                            builder.store(ir.Constant(_V16S, None), acc)
+                        chunk_end = builder.add(chunk, ir.Constant(intp, CHUNK))
+                        chunk_end = builder.select(builder.icmp_signed("<", chunk_end, d_end), chunk_end, d_end)
+                        with cgutils.for_range_slice(builder, chunk, chunk_end, one) as (d, _):
+                            sums = _sums_of_double_row(context, builder, xs_t, xs_arr, row_ids, d, starts, step,
+                                                       [[builder.load(a) for a in row_accs] for row_accs in acc16])
+                            for row_accs, row_sums in zip(acc16, sums):
+                                for acc, value in zip(row_accs, row_sums):
+                                    builder.store(value, acc)
+                        for m in range(rows):
+                            for g in range(GROUP):
+                                for acc, half in zip(acc32[m][g], _widened(builder, builder.load(acc16[m][g]))):
+                                    builder.store(builder.add(builder.load(acc), half), acc)
+                    wide = [[[builder.load(a) for a in g_accs] for g_accs in row_accs] for row_accs in acc32]
+                # the pair's scales of block b: eight floats at (pair * blocks + b) * 8 in the panel's
+                pair_scales = builder.mul(builder.add(builder.mul(pair, blocks), b), ir.Constant(intp, 4 * GROUP))
+                scale = []
+                for g in range(GROUP):
+                    scale4 = builder.load(builder.bitcast(builder.gep(scales_at, [
+                        builder.add(pair_scales, ir.Constant(intp, 4 * g))]), _V4F.as_pointer()), align=4)
+                    scale.append(builder.shuffle_vector(scale4, scale4, _indices(list(range(4)) * 2)))
+                for m, row in enumerate(row_ids):
+                    shift = [builder.load(_vector(context, builder, sh_t, sh_arr, [row, b, ir.Constant(intp, h), zero],
+                                                  _V8F), align=4) for h in (0, 1)]
+                    for g in range(GROUP):
+                        for h in (0, 1):
+                            lane_sums = builder.fsub(builder.sitofp(wide[m][g][h], _V8F), shift[h])  # exact: < 2**24
+                            chain = chains[m][g][h]
+                            builder.store(_fma8(builder, lane_sums, scale[g], builder.load(chain)), chain)
+            lo, hi = _indices(range(4)), _indices(range(4, 8))
+            column0 = builder.mul(builder.sub(p, p0), ir.Constant(intp, PANEL))
+            for m, row in enumerate(row_ids):
+                for g in range(GROUP):  # y = (v0 + v1) + (v2 + v3)
+                    v01, v23 = builder.load(chains[m][g][0]), builder.load(chains[m][g][1])
+                    y4 = builder.fadd(
+                        builder.fadd(builder.shuffle_vector(v01, v01, lo), builder.shuffle_vector(v01, v01, hi)),
+                        builder.fadd(builder.shuffle_vector(v23, v23, lo), builder.shuffle_vector(v23, v23, hi)))
+                    at = _vector(context, builder, y_t, y_arr, [row, builder.add(column0, outputs[g])], _V4F)
+                    builder.store(y4, at, align=4)
+
+
+def _panel_outputs(rows: int):
+    """panel_outputs for `rows` rows at a time: blocks of 16, 32 and 64 inputs (per_block 1, 2, 4)
+    unrolled, any other multiple of 16 through the loop, chosen by per_block."""
     @intrinsic
     def panel_outputs(typingctx, words, xs, shifts, scales, ksum, zf, per_block, p0, p1, r0, y):
         def codegen(context, builder, sig, args):
-            words_t, xs_t, sh_t, sc_t, ks_t, zf_t, _, _, _, _, y_t = sig.args
-            w_arr, xs_arr, sh_arr, sc_arr, ks_arr, zf_arr, y_arr = _arrays(context, builder, sig, args,
-                                                                           (0, 1, 2, 3, 4, 5, 10))
-            p0, p1, r0 = args[7], args[8], args[9]
-            intp = cgutils.intp_t
-            per_d = args[6] if per is None else ir.Constant(intp, per)
-            zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
-            row_ids = [builder.add(r0, ir.Constant(intp, m)) for m in range(rows)]
-            doubles = builder.extract_value(xs_arr.shape, 1)
-            blocks = builder.extract_value(sh_arr.shape, 1)
-            step = ir.Constant(intp, 32 * GROUP)  # a pair of registers' bytes of a double row
-            run_bytes = builder.mul(doubles, step)  # the pair's run through a panel
-            zf4 = [_splat4(builder, builder.load(_vector(context, builder, zf_t, zf_arr, [row], _F32))) for row in row_ids]
-            # v1..v3 start as 0 * zp (-0.0 for a negative one, as XNNPACK's)
-            zeros8 = [builder.fmul(ir.Constant(_V8F, [0.0] * 8), builder.shuffle_vector(z, z, _indices([0] * 8)))
-                      for z in zf4]
-            chains = [[[cgutils.alloca_once(builder, _V8F) for _ in range(2)] for _ in range(GROUP)] for _ in range(rows)]
-            acc32 = [[[cgutils.alloca_once(builder, _V8) for _ in range(2)] for _ in range(GROUP)] for _ in range(rows)]
-            acc16 = [[cgutils.alloca_once(builder, _V16S) for _ in range(GROUP)] for _ in range(rows)]
-            with cgutils.for_range_slice(builder, p0, p1, one) as (p, _):
-                panel_at = _vector(context, builder, words_t, w_arr, [p, zero, zero], _I8)
-                scales_at = _vector(context, builder, sc_t, sc_arr, [p, zero, zero], _F32)
-                with cgutils.for_range_slice(builder, zero, ir.Constant(intp, REGISTERS), ir.Constant(intp, GROUP)) \
-                        as (g0, _):
-                    pair = builder.udiv(g0, ir.Constant(intp, GROUP))
-                    run_at = builder.gep(panel_at, [builder.mul(pair, run_bytes)])
-                    starts = [builder.gep(run_at, [ir.Constant(intp, 32 * g)]) for g in range(GROUP)]
-                    outputs = [builder.mul(builder.add(g0, ir.Constant(intp, g)), ir.Constant(intp, OUTPUTS))
-                               for g in range(GROUP)]
-                    for g in range(GROUP):  # v0 = ksum * zp, v1..v3 = 0 * zp
-                        ks_at = _vector(context, builder, ks_t, ks_arr,
-                                        [builder.add(builder.mul(p, ir.Constant(intp, PANEL)), outputs[g])], _V4F)
-                        ks = builder.load(ks_at, align=4)
-                        for m in range(rows):
-                            low4 = builder.shuffle_vector(zeros8[m], zeros8[m], _indices(range(4)))
-                            builder.store(builder.shuffle_vector(builder.fmul(ks, zf4[m]), low4, _indices(range(8))),
-                                          chains[m][g][0])
-                            builder.store(zeros8[m], chains[m][g][1])
-                    with cgutils.for_range_slice(builder, zero, blocks, one) as (b, _):
-                        d0 = builder.mul(b, per_d)
-                        if per is not None:  # the block's double rows unrolled, its int16 sums in registers
-                            sums = [[ir.Constant(_V16S, None)] * GROUP for _ in range(rows)]
-                            for i in range(per):
-                                sums = _sums_of_double_row(context, builder, xs_t, xs_arr, row_ids,
-                                                           builder.add(d0, ir.Constant(intp, i)), starts, step, sums)
-                            wide = [[_widened(builder, s) for s in row_sums] for row_sums in sums]
-                        else:
-                            for acc in (a for row_accs in acc32 for g_accs in row_accs for a in g_accs):
-                                builder.store(ir.Constant(_V8, None), acc)
-                            d_end = builder.add(d0, per_d)
-                            with cgutils.for_range_slice(builder, d0, d_end, ir.Constant(intp, CHUNK)) as (chunk, _):
-                                for acc in (a for row_accs in acc16 for a in row_accs):
-                                    builder.store(ir.Constant(_V16S, None), acc)
-                                chunk_end = builder.add(chunk, ir.Constant(intp, CHUNK))
-                                chunk_end = builder.select(builder.icmp_signed("<", chunk_end, d_end), chunk_end, d_end)
-                                with cgutils.for_range_slice(builder, chunk, chunk_end, one) as (d, _):
-                                    sums = _sums_of_double_row(context, builder, xs_t, xs_arr, row_ids, d, starts, step,
-                                                               [[builder.load(a) for a in row_accs] for row_accs in acc16])
-                                    for row_accs, row_sums in zip(acc16, sums):
-                                        for acc, value in zip(row_accs, row_sums):
-                                            builder.store(value, acc)
-                                for m in range(rows):
-                                    for g in range(GROUP):
-                                        for acc, half in zip(acc32[m][g], _widened(builder, builder.load(acc16[m][g]))):
-                                            builder.store(builder.add(builder.load(acc), half), acc)
-                            wide = [[[builder.load(a) for a in g_accs] for g_accs in row_accs] for row_accs in acc32]
-                        # the pair's scales of block b: eight floats at (pair * blocks + b) * 8 in the panel's
-                        pair_scales = builder.mul(builder.add(builder.mul(pair, blocks), b), ir.Constant(intp, 4 * GROUP))
-                        scale = []
-                        for g in range(GROUP):
-                            scale4 = builder.load(builder.bitcast(builder.gep(scales_at, [
-                                builder.add(pair_scales, ir.Constant(intp, 4 * g))]), _V4F.as_pointer()), align=4)
-                            scale.append(builder.shuffle_vector(scale4, scale4, _indices(list(range(4)) * 2)))
-                        for m, row in enumerate(row_ids):
-                            shift = [builder.load(_vector(context, builder, sh_t, sh_arr, [row, b, ir.Constant(intp, h), zero],
-                                                          _V8F), align=4) for h in (0, 1)]
-                            for g in range(GROUP):
-                                for h in (0, 1):
-                                    lane_sums = builder.fsub(builder.sitofp(wide[m][g][h], _V8F), shift[h])  # exact: < 2**24
-                                    chain = chains[m][g][h]
-                                    builder.store(_fma8(builder, lane_sums, scale[g], builder.load(chain)), chain)
-                    lo, hi = _indices(range(4)), _indices(range(4, 8))
-                    column0 = builder.mul(builder.sub(p, p0), ir.Constant(intp, PANEL))
-                    for m, row in enumerate(row_ids):
-                        for g in range(GROUP):  # y = (v0 + v1) + (v2 + v3)
-                            v01, v23 = builder.load(chains[m][g][0]), builder.load(chains[m][g][1])
-                            y4 = builder.fadd(
-                                builder.fadd(builder.shuffle_vector(v01, v01, lo), builder.shuffle_vector(v01, v01, hi)),
-                                builder.fadd(builder.shuffle_vector(v23, v23, lo), builder.shuffle_vector(v23, v23, hi)))
-                            at = _vector(context, builder, y_t, y_arr, [row, builder.add(column0, outputs[g])], _V4F)
-                            builder.store(y4, at, align=4)
+            unrolled = (1, 2, 4)
+            done = builder.append_basic_block("panels_done")
+            bodies = [builder.append_basic_block(f"per_block_{per}") for per in (*unrolled, "any")]
+            switch = builder.switch(args[6], bodies[-1])
+            for per, body in zip(unrolled, bodies):
+                switch.add_case(ir.Constant(cgutils.intp_t, per), body)
+            for per, body in zip((*unrolled, None), bodies):
+                builder.position_at_end(body)
+                _emit_panel_outputs(context, builder, sig, args, per, rows)
+                builder.branch(done)
+            builder.position_at_end(done)
             return context.get_dummy_value()
         return types.void(words, xs, shifts, scales, ksum, zf, per_block, p0, p1, r0, y), codegen
     return panel_outputs
 
 
-# panel_outputs_<block>(words, xs, shifts, scales, ksum, zf, per_block, p0, p1, r0, y):
-# y[r, (p - p0) * PANEL + j] for rows r0 .. r0 + rows and panels p0..p1: each output's four lane
+# panel_outputs_one / _four(words, xs, shifts, scales, ksum, zf, per_block, p0, p1, r0, y):
+# y[r, (p - p0) * PANEL + j] for rows r0 .. r0 + 1 (or ROWS) and panels p0..p1: each output's four lane
 # chains in XNNPACK's "avx2" arithmetic, v0 from ksum * zf[r] and v1..v3 from 0 * zf[r],
 # v = fma(float(block sum) - shift, scale, v) block after block, then (v0 + v1) + (v2 + v3).
 # words uint32 [P, K/8, PANEL] and scales float32 [P, blocks, PANEL] in the lanes layout
@@ -239,10 +255,5 @@ def _panel_outputs(per: int | None, rows: int):
 # row); shifts float32 [M, blocks, 2, 8]: each row's lane shifts as the chains hold them ([t0 x4,
 # t1 x4], [t2 x4, t3 x4]); ksum float32 [P * PANEL]; zf float32 [M] the zero points; per_block:
 # double rows a block; y float32 [M, *].
-# Blocks of 16, 32 and 64 inputs unrolled; any other multiple of 16 through the loop ("any").
 ROWS = 4  # rows of a prompt a weight's nibbles are taken apart for
-panel_outputs = {(block, rows): _panel_outputs(None if block == "any" else block // 16, rows)
-                 for block in (16, 32, 64, "any") for rows in (1, ROWS)}
-panel_outputs_16, panel_outputs_32, panel_outputs_64, panel_outputs_any = (panel_outputs[b, 1] for b in (16, 32, 64, "any"))
-panel_outputs_16_rows, panel_outputs_32_rows, panel_outputs_64_rows, panel_outputs_any_rows = (
-    panel_outputs[b, ROWS] for b in (16, 32, 64, "any"))
+panel_outputs_one, panel_outputs_four = _panel_outputs(1), _panel_outputs(ROWS)

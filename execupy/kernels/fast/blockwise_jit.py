@@ -19,8 +19,7 @@ from . import jit_cache  # noqa: F401  (first: our kernels' cache entries, stamp
 from .fma_jit import fma32
 from .quantized_jit import exact_nibble_sums
 from .avx2_jit import (AVX2, GROUP as LANES_GROUP, LANES as AVX2_LANES, ROWS as AVX2_ROWS, lane_activations,
-                       panel_outputs_16, panel_outputs_16_rows, panel_outputs_32, panel_outputs_32_rows,
-                       panel_outputs_64, panel_outputs_64_rows, panel_outputs_any, panel_outputs_any_rows)
+                       panel_outputs_four, panel_outputs_one)
 from .vnni_jit import PANEL, ROWS, VNNI, panel_chain, panel_chain_rows
 
 
@@ -210,24 +209,10 @@ def panel_outputs_rows(words, xs, chained, scales, ksum, zf, block, p0, p1, y):
     m, per = xs.shape[0], block // 16
     r = 0
     while r + AVX2_ROWS <= m:
-        if per == 2:
-            panel_outputs_32_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
-        elif per == 4:
-            panel_outputs_64_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
-        elif per == 1:
-            panel_outputs_16_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
-        else:
-            panel_outputs_any_rows(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        panel_outputs_four(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
         r += AVX2_ROWS
     while r < m:
-        if per == 2:
-            panel_outputs_32(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
-        elif per == 4:
-            panel_outputs_64(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
-        elif per == 1:
-            panel_outputs_16(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
-        else:
-            panel_outputs_any(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
+        panel_outputs_one(words, xs, chained, scales, ksum, zf, per, p0, p1, r, y)
         r += 1
 
 
