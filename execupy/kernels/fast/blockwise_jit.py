@@ -188,13 +188,11 @@ def panel_outputs_float(words, q, shifts, scales, ksum, zf, block, p0, p1, y):
 
 
 @numba.njit(cache=True, nogil=True)
-def lane_operands(q, block, xs, chained):
+def lane_operands(q, shifts, xs, chained):
     """A row's operands for avx2_jit's panel_outputs from its signed activations q int8 [K] (C
-    order): xs int8 [K/16, 2, 32] (lane_activations) and chained float32 [blocks, 2, 8], its
-    lane_shifts as the chains hold them ([t0 x4, t1 x4], [t2 x4, t3 x4])."""
+    order) and their lane_shifts: xs int8 [K/16, 2, 32] (lane_activations) and chained float32
+    [blocks, 2, 8], the shifts as the chains hold them ([t0 x4, t1 x4], [t2 x4, t3 x4])."""
     lane_activations(q, xs)
-    shifts = np.empty((chained.shape[0], AVX2_LANES), np.float32)
-    lane_shifts(q, block, shifts)
     for b in range(shifts.shape[0]):
         for h in range(2):
             for i in range(8):
@@ -221,7 +219,7 @@ def panel_outputs_bytes(words, q, shifts, scales, ksum, zf, block, p0, p1, y):
     """panel_outputs_float's outputs from AVX2's byte products (avx2_jit), the same arguments."""
     xs = np.empty((1, q.shape[0] // 16, 2, 32), np.int8)
     chained = np.empty((1, shifts.shape[0], 2, 8), np.float32)
-    lane_operands(q, block, xs[0], chained[0])
+    lane_operands(q, shifts, xs[0], chained[0])
     zfs = np.empty(1, np.float32)
     zfs[0] = zf
     panel_outputs_rows(words, xs, chained, scales, ksum, zfs, block, p0, p1, y.reshape((1, -1)))

@@ -341,10 +341,11 @@ def blockwise_tiles_avx2_parallel(a, zf, x_scale, words, scales, ksum, bias, blo
 def _prompt_operands(q, zp, block, blocks):
     m, k = q.shape
     xs, chained = np.empty((m, k // 16, 2, 32), np.int8), np.empty((m, blocks, 2, 8), np.float32)
-    row = np.empty(k, np.int8)
+    row, shifts = np.empty(k, np.int8), np.empty((blocks, AVX2_LANES), np.float32)
     for r in range(m):
         row[:] = q[r]
-        lane_operands(row, block, xs[r], chained[r])
+        lane_shifts(row, block, shifts)
+        lane_operands(row, shifts, xs[r], chained[r])
     return xs, chained, zp.astype(np.float32)
 
 
