@@ -190,13 +190,15 @@ def blockwise_matvec_avx2(ctrl, xbuf, scratch, second_half, q, zp, x_scale, word
             seq = publish(ctrl)
             start = cycles()
         lane_shifts(row, block, shifts)
-        blockwise_panels_avx2(words, row, shifts, scales, ksum, zf, block, 0, middle, y[:middle])
-        if share:
-            where = second_half_where(ctrl, seq, start)
-        if where == THERE:
-            y[middle:] = scratch[:(panels - middle) * PANEL].reshape((panels - middle, PANEL))
+        if not share:  # every panel in one call: the row's operands arranged once
+            blockwise_panels_avx2(words, row, shifts, scales, ksum, zf, block, 0, panels, y)
         else:
-            blockwise_panels_avx2(words, row, shifts, scales, ksum, zf, block, middle, panels, y[middle:])
+            blockwise_panels_avx2(words, row, shifts, scales, ksum, zf, block, 0, middle, y[:middle])
+            where = second_half_where(ctrl, seq, start)
+            if where == THERE:
+                y[middle:] = scratch[:(panels - middle) * PANEL].reshape((panels - middle, PANEL))
+            else:
+                blockwise_panels_avx2(words, row, shifts, scales, ksum, zf, block, middle, panels, y[middle:])
         taken_back += where == TAKEN
         o, flat, xs = out[r], y.reshape(panels * PANEL), x_scale[r]
         for j in range(n):
